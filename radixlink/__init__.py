@@ -1,0 +1,46 @@
+"""radixlink: a radix prefix cache over paged KV memory, linked to external stores.
+
+Re-exports only.
+"""
+
+from radixlink.contract import (
+    ComponentType,
+    EvictParams,
+    EvictResult,
+    ExternalLinkerLoadPhase,
+    InsertParams,
+    InsertResult,
+    LinkerTransferPhase,
+    MatchResult,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+    PoolTransferResult,
+)
+from radixlink.errors import StoreError, TransferError
+from radixlink.hashing import Namespace, page_hashes
+from radixlink.memory import KVLayout, KVPool, MambaStatePool, PagedAllocator, StateLayout
+
+__all__ = [
+    "ComponentType",
+    "EvictParams",
+    "EvictResult",
+    "ExternalLinkerLoadPhase",
+    "InsertParams",
+    "InsertResult",
+    "KVLayout",
+    "KVPool",
+    "LinkerTransferPhase",
+    "MambaStatePool",
+    "MatchResult",
+    "Namespace",
+    "PagedAllocator",
+    "PoolHitPolicy",
+    "PoolName",
+    "PoolTransfer",
+    "PoolTransferResult",
+    "StateLayout",
+    "StoreError",
+    "TransferError",
+    "page_hashes",
+]

@@ -1,0 +1,3 @@
+from radixlink.cli import main
+
+raise SystemExit(main())

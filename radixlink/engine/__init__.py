@@ -1,0 +1,1 @@
+"""Reference engine: model, weights, engine and the demo (re-exports only)."""

@@ -1,0 +1,177 @@
+"""The hybrid allocator for sliding-window models: full-attention pages plus SWA pages.
+
+Owns the full->SWA slot mapping and its accounting. Knows nothing of the tree or of tensors
+holding K/V; the two PagedAllocators it wraps own their free lists.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixlink.memory.allocator import PagedAllocator
+
+
+class SWAAllocator:
+    """Pairs each full-attention page with at most one SWA page.
+
+    The mapping is kept per slot (``translate_full_to_swa`` is one gather on the hot path)
+    but set and cleared per page: a full page maps to a whole SWA page or to nothing::
+
+        full slots   8 9 10 11 | 12 13 14 15      (page_size = 4)
+        mapping      4 5  6  7 |  0  0  0  0      page 2 -> SWA page 1; page 3 unmapped
+
+    0 means unmapped (slot 0 is padding in both pools). Every mapped SWA page is allocated in
+    ``swa`` and owned by exactly one full page; ``free``/``free_swa`` return it.
+
+    Args:
+        full: allocator of the full-attention pool.
+        swa: allocator of the SWA pool (same page size and device; usually fewer pages).
+    """
+
+    def __init__(self, full: PagedAllocator, swa: PagedAllocator):
+        if not isinstance(full, PagedAllocator) or not isinstance(swa, PagedAllocator):
+            raise ValueError("SWAAllocator needs two PagedAllocators (full, swa)")
+        if full.page_size != swa.page_size:
+            raise ValueError(
+                f"full page_size={full.page_size} != swa page_size={swa.page_size}; "
+                "build both allocators with the same page_size"
+            )
+        if full.device != swa.device:
+            raise ValueError(f"full allocator on {full.device}, swa on {swa.device}")
+        self.full = full
+        self.swa = swa
+        self.page_size = full.page_size
+        self.device = full.device
+        self._full_to_swa = torch.zeros(full.num_slots, dtype=torch.int64, device=self.device)
+        # Per SWA page: is it the target of some full page (guards double mapping).
+        self._swa_mapped = torch.zeros(swa.num_pages + 1, dtype=torch.bool, device=self.device)
+
+    def full_available_size(self) -> int:
+        return self.full.available_size()
+
+    def swa_available_size(self) -> int:
+        return self.swa.available_size()
+
+    def full_total_size(self) -> int:
+        return self.full.total_size()
+
+    def swa_total_size(self) -> int:
+        return self.swa.total_size()
+
+    def alloc(self, num_tokens: int) -> torch.Tensor | None:
+        """Full slots for ``num_tokens`` (whole pages), each page mapped to a fresh SWA page.
+
+        Returns None, allocating nothing, when either pool is short.
+        """
+        if not (self.full.can_alloc(num_tokens) and self.swa.can_alloc(num_tokens)):
+            return None
+        full_slots = self.full.alloc(num_tokens)
+        swa_slots = self.swa.alloc(num_tokens)
+        assert full_slots is not None and swa_slots is not None, "can_alloc lied"
+        self._full_to_swa[full_slots] = swa_slots
+        self._swa_mapped[self.swa.slots_to_pages(swa_slots)] = True
+        return full_slots
+
+    def alloc_swa(self, num_tokens: int) -> torch.Tensor | None:
+        """Unmapped SWA slots (whole pages), or None when short. The caller owns them until it
+        maps them with ``set_full_to_swa_mapping`` or returns them with ``swa.free``."""
+        return self.swa.alloc(num_tokens)
+
+    def set_full_to_swa_mapping(self, full_slots: torch.Tensor, swa_slots: torch.Tensor) -> None:
+        """Map allocated full pages to allocated, unmapped SWA pages, position by position.
+
+        Raises:
+            ValueError: lengths differ, slots are not whole pages, a page is not allocated, a
+                full page is already mapped (``free_swa`` it first) or an SWA page is already
+                the target of another full page. Nothing changes then.
+        """
+        full_pages = self.full.slots_to_pages(full_slots)
+        swa_pages = self.swa.slots_to_pages(swa_slots)
+        if full_slots.numel() != swa_slots.numel():
+            raise ValueError(f"{full_slots.numel()} full slots but {swa_slots.numel()} swa slots")
+        if not self.full.is_allocated(full_slots):
+            raise ValueError("set_full_to_swa_mapping: some full pages are not allocated")
+        if not self.swa.is_allocated(swa_slots):
+            raise ValueError("set_full_to_swa_mapping: some swa pages are not allocated")
+        if bool((self._full_to_swa[full_slots] != 0).any()):
+            raise ValueError("set_full_to_swa_mapping: full pages already mapped; free_swa first")
+        if torch.unique(full_pages).numel() != full_pages.numel():
+            raise ValueError("set_full_to_swa_mapping: full pages repeated")
+        reused = torch.unique(swa_pages).numel() != swa_pages.numel()
+        if reused or bool(self._swa_mapped[swa_pages].any()):
+            raise ValueError("set_full_to_swa_mapping: swa pages already mapped or repeated")
+        self._full_to_swa[full_slots] = swa_slots
+        self._swa_mapped[swa_pages] = True
+
+    def translate_full_to_swa(self, full_slots: torch.Tensor) -> torch.Tensor:
+        """SWA slot of each full slot (any slots, not only whole pages); 0 where unmapped."""
+        _check_slot_tensor(full_slots, self.device)
+        if full_slots.numel():
+            lo, hi = (int(x) for x in torch.aminmax(full_slots))
+            if lo < 0 or hi >= self.full.num_slots:
+                raise ValueError(f"full slots {lo}..{hi} out of range 0..{self.full.num_slots - 1}")
+        return self._full_to_swa[full_slots]
+
+    def free(self, full_slots: torch.Tensor) -> None:
+        """Free full pages and the SWA pages mapped to them.
+
+        Raises:
+            ValueError: as ``PagedAllocator.free`` (double free, foreign or unaligned slots);
+                nothing changes then.
+        """
+        swa_slots = self._mapped_swa(full_slots)
+        self.full.free(full_slots)  # validates; raises before anything changed
+        self._release(full_slots, swa_slots)
+
+    def free_swa(self, full_slots: torch.Tensor) -> None:
+        """Free only the SWA pages mapped to ``full_slots`` (whole full pages) and unmap them.
+
+        Unmapped pages are skipped, so a second call on the same slots is a no-op.
+        """
+        swa_slots = self._mapped_swa(full_slots)
+        self._release(full_slots, swa_slots)
+
+    def check_invariants(self) -> None:
+        """Assert the mapping agrees with both allocators (for tests)."""
+        ps = self.page_size
+        grid = self._full_to_swa.view(-1, ps)
+        heads = grid[:, :1]
+        offsets = torch.arange(ps, dtype=torch.int64, device=self.device)
+        expected = torch.where(heads != 0, heads + offsets, torch.zeros_like(grid))
+        assert torch.equal(grid, expected), "full->swa mapping is not page aligned"
+        is_mapped = heads[:, 0] != 0
+        full_pages = torch.nonzero(is_mapped).reshape(-1)
+        swa_pages = heads[is_mapped, 0] // ps
+        assert self.full.is_allocated(self.full.pages_to_slots(full_pages)), "mapped full page free"
+        assert self.swa.is_allocated(self.swa.pages_to_slots(swa_pages)), "mapped swa page free"
+        num_flags = int(self._swa_mapped.sum())
+        num_unique = torch.unique(swa_pages).numel()
+        assert num_flags == swa_pages.numel() == num_unique, (
+            f"swa ownership out of sync: {num_flags} flags, {swa_pages.numel()} mapped pages, "
+            f"{num_unique} distinct"
+        )
+
+    def _mapped_swa(self, full_slots: torch.Tensor) -> torch.Tensor:
+        """Validated SWA slots mapped to the whole full pages ``full_slots`` (may be empty)."""
+        pages = self.full.slots_to_pages(full_slots)
+        if pages.numel() and not (0 < int(pages.min()) and int(pages.max()) <= self.full.num_pages):
+            raise ValueError(
+                f"full slots outside the allocator (pages {int(pages.min())}.."
+                f"{int(pages.max())}, valid 1..{self.full.num_pages})"
+            )
+        swa_slots = self._full_to_swa[full_slots]
+        return swa_slots[swa_slots != 0]
+
+    def _release(self, full_slots: torch.Tensor, swa_slots: torch.Tensor) -> None:
+        if swa_slots.numel() == 0:
+            return
+        self.swa.free(swa_slots)
+        self._swa_mapped[self.swa.slots_to_pages(swa_slots)] = False
+        self._full_to_swa[full_slots] = 0
+
+
+def _check_slot_tensor(slots: object, device: torch.device) -> None:
+    if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1:
+        raise ValueError(f"slots must be a 1-D int64 torch.Tensor, got {slots!r:.80}")
+    if slots.device != device:
+        raise ValueError(f"slots are on {slots.device}, expected {device}")
