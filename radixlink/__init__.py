@@ -20,6 +20,7 @@ from radixlink.contract import (
 from radixlink.errors import StoreError, TransferError
 from radixlink.hashing import Namespace, page_hashes
 from radixlink.memory import KVLayout, KVPool, MambaStatePool, PagedAllocator, StateLayout
+from radixlink.stores import PageCodec, Store, open_store
 
 __all__ = [
     "ComponentType",
@@ -33,6 +34,7 @@ __all__ = [
     "LinkerTransferPhase",
     "MambaStatePool",
     "MatchResult",
+    "PageCodec",
     "Namespace",
     "PagedAllocator",
     "PoolHitPolicy",
@@ -40,7 +42,9 @@ __all__ = [
     "PoolTransfer",
     "PoolTransferResult",
     "StateLayout",
+    "Store",
     "StoreError",
     "TransferError",
+    "open_store",
     "page_hashes",
 ]

@@ -1,0 +1,89 @@
+"""``radixlink store stats|ls|gc|clear URL``: inspect and maintain a store from the shell.
+
+Owns argument parsing and printing; all work goes through the public ``Store`` methods.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+
+from radixlink.stores.base import Store
+from radixlink.stores.keys import KEY_PREFIX, namespace_of
+from radixlink.stores.registry import open_store
+
+FOREIGN = "(not radixlink)"
+
+
+def _human(num_bytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(num_bytes) < 1024 or unit == "TiB":
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1024
+    raise AssertionError("unreachable")
+
+
+def _prefix(namespace: str | None) -> str:
+    return f"{KEY_PREFIX}{namespace}/" if namespace else ""
+
+
+def _stats(store: Store, args: argparse.Namespace) -> int:
+    for name, value in store.stats().items():
+        print(f"{name:>18}: {value}")
+    pages: Counter[str] = Counter()
+    sizes: Counter[str] = Counter()
+    for key, size in store.scan(_prefix(args.namespace)):
+        namespace = namespace_of(key) or FOREIGN
+        pages[namespace] += 1
+        sizes[namespace] += size
+    print(f"\n{'namespace':<40} {'pages':>10} {'bytes':>12}")
+    for namespace, count in pages.most_common():
+        print(f"{namespace:<40} {count:>10} {_human(sizes[namespace]):>12}")
+    print(f"{'total':<40} {sum(pages.values()):>10} {_human(sum(sizes.values())):>12}")
+    return 0
+
+
+def _ls(store: Store, args: argparse.Namespace) -> int:
+    shown = 0
+    for key, size in store.scan(_prefix(args.namespace)):
+        if shown >= args.limit:
+            print(f"... (more; raise --limit, now {args.limit})")
+            break
+        print(f"{size:>12}  {key}")
+        shown += 1
+    return 0
+
+
+def _gc(store: Store, args: argparse.Namespace) -> int:
+    removed = store.gc()
+    stats = store.stats()
+    print(f"removed {removed} pages; now {stats.get('pages')} pages, {stats.get('bytes')} bytes")
+    return 0
+
+
+def _clear(store: Store, args: argparse.Namespace) -> int:
+    prefix = _prefix(args.namespace)
+    if not args.yes:
+        num_pages = sum(1 for _ in store.scan(prefix))
+        what = f"namespace {args.namespace}" if args.namespace else "the whole store"
+        print(f"would delete {num_pages} pages of {what}; pass --yes to do it", file=sys.stderr)
+        return 2
+    print(f"deleted {store.clear(prefix)} pages")
+    return 0
+
+
+ACTIONS = {"stats": _stats, "ls": _ls, "gc": _gc, "clear": _clear}
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``radixlink store``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="radixlink store", description=__doc__)
+    parser.add_argument("action", choices=sorted(ACTIONS))
+    parser.add_argument("url", help="store URL, e.g. file://~/.cache/radixlink/store")
+    parser.add_argument("--namespace", help="only keys of this namespace id")
+    parser.add_argument("--limit", type=int, default=100, help="ls: most keys to print")
+    parser.add_argument("--yes", action="store_true", help="clear: really delete")
+    args = parser.parse_args(argv)
+    with open_store(args.url) as store:
+        return ACTIONS[args.action](store, args)

@@ -1,0 +1,93 @@
+"""The ``Store`` interface every backend implements (DESIGN.md section 6b).
+
+Owns the contract only. Stores hold opaque bytes (codec payloads) under string keys; they know
+nothing of the tree, the linker or the page format.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+_S = TypeVar("_S", bound="Store")
+
+
+class Store(ABC):
+    """A page store: batch presence, batch get, batch put, delete, stats, close.
+
+    Batches are the API: every call takes many keys, and backends answer a batch in as few
+    round trips as they can (one pipeline for Redis). Results are in the order of the keys.
+
+    Contract for every backend:
+        - Each page is atomic: a reader sees a complete old value, a complete new value, or
+          nothing; never a partial page.
+        - Missing keys are an expected "no": ``False`` / ``None``, never an exception.
+        - A failed write of one page (disk full, value too large, read-only directory) is a
+          ``False`` in ``put``'s result and counted in ``stats()``; it does not raise.
+        - A failure of the backend as a whole (connection lost, store unusable) raises
+          ``StoreError`` from the backend's exception. The next call may succeed (Redis
+          reconnects).
+        - All methods are thread-safe. The store evicts on its own (capacity), so a page
+          present now may be gone on the next call.
+    """
+
+    @abstractmethod
+    def exists(self, keys: Sequence[str]) -> list[bool]:
+        """Per-key presence. Does not count as a use for LRU purposes."""
+
+    @abstractmethod
+    def get(self, keys: Sequence[str]) -> list[bytes | None]:
+        """The stored value of each key, or None where it is missing. A hit is a use (LRU)."""
+
+    @abstractmethod
+    def put(self, items: Mapping[str, bytes]) -> list[bool]:
+        """Store every item, overwriting; True per item the store accepted, in ``items`` order.
+
+        False means not stored (write error, value larger than the capacity, disk full) and
+        is counted in ``stats()``. An accepted page may still be evicted later, even by the
+        same batch when the batch alone exceeds the capacity. The store keeps no reference
+        to the caller's buffers beyond the call unless they are immutable ``bytes``.
+        """
+
+    @abstractmethod
+    def delete(self, keys: Sequence[str]) -> int:
+        """Remove the keys that exist; returns how many were removed."""
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and sizes (``pages``, ``bytes``, ``capacity_bytes``, hits, misses,
+        ``put_failures`` ...). Backends add their own entries."""
+        return {}
+
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Release connections, threads and files. Idempotent; the store is unusable after."""
+
+    def flush(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Wait until every accepted write is durable in the backend (tiered: the back store)."""
+
+    def scan(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        """Yield ``(key, stored bytes)`` for every stored key starting with ``prefix``.
+
+        For the admin CLI and tests, not the hot path (it walks the whole store).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot list its keys")
+
+    def gc(self) -> int:
+        """Enforce the capacity now; returns the pages removed. Most stores do it on put."""
+        return 0
+
+    def clear(self, prefix: str = "") -> int:
+        """Delete every key starting with ``prefix``; returns how many were removed."""
+        removed, batch = 0, []
+        for key, _ in self.scan(prefix):
+            batch.append(key)
+            if len(batch) >= 1024:
+                removed += self.delete(batch)
+                batch = []
+        return removed + (self.delete(batch) if batch else 0)
+
+    def __enter__(self: _S) -> _S:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

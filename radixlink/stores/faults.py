@@ -1,0 +1,140 @@
+"""``faults://?inner=<url>&fail=0.2&corrupt=0.05&...``: seeded fault injection around a store.
+
+Owns only the injected faults; every real operation goes to the inner store. For tests and
+chaos runs; the knobs are plain attributes that tests may change at any time.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from radixlink.errors import StoreError
+from radixlink.stores.base import Store
+from radixlink.stores.registry import check_params, open_store, split_url
+
+OPS = ("exists", "get", "put", "delete")
+_FLOAT_PARAMS = ("fail", "corrupt", "truncate", "delay_ms", "enospc")
+
+
+class InjectedFault(OSError):
+    """The cause attached to an injected ``StoreError`` (so tests can tell it apart)."""
+
+
+class FaultyStore(Store):
+    """Wraps ``inner`` and, with a seeded RNG, injects faults:
+
+    - ``fail``: probability that a call to one of ``ops`` raises ``StoreError``;
+    - ``corrupt`` / ``truncate``: per returned page of ``get``, probability of flipping a
+      byte / cutting the value short (the codec must catch both);
+    - ``delay_ms``: latency added to every call of ``ops``;
+    - ``enospc``: per page of ``put``, probability that it is not stored (False, counted).
+
+    Args:
+        inner: the wrapped store (owned: closed by ``close``).
+        seed: RNG seed; the same seed and call sequence give the same faults.
+        ops: the operations ``fail`` and ``delay_ms`` apply to.
+    """
+
+    def __init__(
+        self,
+        inner: Store,
+        *,
+        fail: float = 0.0,
+        corrupt: float = 0.0,
+        truncate: float = 0.0,
+        delay_ms: float = 0.0,
+        enospc: float = 0.0,
+        seed: int = 0,
+        ops: Sequence[str] = ("exists", "get", "put"),
+    ):
+        unknown = sorted(set(ops) - set(OPS))
+        if unknown:
+            raise ValueError(f"unknown ops {unknown}; choose from {OPS}")
+        self.inner = inner
+        self.fail, self.corrupt, self.truncate = fail, corrupt, truncate
+        self.delay_ms, self.enospc = delay_ms, enospc
+        self.ops = frozenset(ops)
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._counts = {"failed_calls": 0, "corrupted": 0, "truncated": 0, "enospc": 0}
+
+    @classmethod
+    def from_url(cls, url: str) -> FaultyStore:
+        """``faults://?inner=<url-encoded url>&fail=0.2&corrupt=0.05&truncate=0&delay_ms=20
+        &enospc=0&seed=1&ops=exists,get,put``."""
+        _, _, params = split_url(url)
+        check_params(url, params, ("inner", "seed", "ops", *_FLOAT_PARAMS))
+        if "inner" not in params:
+            raise ValueError(f"{url!r} needs inner=<url-encoded store url>")
+        knobs = {name: float(params[name]) for name in _FLOAT_PARAMS if name in params}
+        ops = [op for op in params.get("ops", "exists,get,put").split(",") if op]
+        inner = open_store(params["inner"])
+        return cls(inner, seed=int(params.get("seed", 0)), ops=ops, **knobs)
+
+    def exists(self, keys: Sequence[str]) -> list[bool]:
+        self._before("exists")
+        return self.inner.exists(keys)
+
+    def get(self, keys: Sequence[str]) -> list[bytes | None]:
+        self._before("get")
+        return [self._damage(value) for value in self.inner.get(keys)]
+
+    def put(self, items: Mapping[str, bytes]) -> list[bool]:
+        self._before("put")
+        with self._lock:
+            refused = {key for key in items if self._rng.random() < self.enospc}
+            self._counts["enospc"] += len(refused)
+        stored = self.inner.put({k: v for k, v in items.items() if k not in refused})
+        results = iter(stored)
+        return [False if key in refused else next(results) for key in items]
+
+    def delete(self, keys: Sequence[str]) -> int:
+        self._before("delete")
+        return self.inner.delete(keys)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            counts = dict(self._counts)
+        return {**self.inner.stats(), "faults": counts}
+
+    def scan(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        return self.inner.scan(prefix)
+
+    def gc(self) -> int:
+        return self.inner.gc()
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def _before(self, op: str) -> None:
+        if op not in self.ops:
+            return
+        if self.delay_ms > 0:
+            time.sleep(self.delay_ms / 1000.0)
+        with self._lock:
+            failed = self._rng.random() < self.fail
+            self._counts["failed_calls"] += failed
+        if failed:
+            raise StoreError(f"injected failure in {op}") from InjectedFault(op)
+
+    def _damage(self, value: bytes | None) -> bytes | None:
+        if value is None or not value:
+            return value
+        with self._lock:
+            corrupt = self._rng.random() < self.corrupt
+            truncate = self._rng.random() < self.truncate
+            where = self._rng.randrange(len(value))
+            self._counts["corrupted"] += corrupt
+            self._counts["truncated"] += truncate
+        if corrupt:
+            value = b"".join((value[:where], bytes([value[where] ^ 0xFF]), value[where + 1 :]))
+        if truncate:
+            value = value[:where]
+        return value

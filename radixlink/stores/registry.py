@@ -1,0 +1,103 @@
+"""Store URLs: scheme -> backend class (lazy imports), sizes like ``2GiB``, query parameters.
+
+Owns URL parsing only; each backend's ``from_url`` reads its own parameters.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+from urllib.parse import unquote
+
+if TYPE_CHECKING:
+    from radixlink.stores.base import Store
+
+# NOTE: strings, not classes, so that `redis` is imported only when a Redis URL is opened.
+STORES: dict[str, str] = {
+    "memory": "radixlink.stores.memory:MemoryStore",
+    "file": "radixlink.stores.directory:DirectoryStore",
+    "redis": "radixlink.stores.redis:RedisStore",
+    "rediss": "radixlink.stores.redis:RedisStore",
+    "unix": "radixlink.stores.redis:RedisStore",
+    "redis+cluster": "radixlink.stores.cluster:ClusterStore",
+    "rediss+cluster": "radixlink.stores.cluster:ClusterStore",
+    "tiered": "radixlink.stores.tiered:TieredStore",
+    "faults": "radixlink.stores.faults:FaultyStore",
+}
+INSTALL_HINTS: dict[str, str] = {"redis": "pip install 'radixlink[redis]'"}
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}  # fmt: skip
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in ``"2GiB"``, ``"500MB"``, ``"1024"`` or an int (KiB/MiB/GiB/TiB and the
+    single letters K/M/G/T are powers of 1024; KB/MB/GB/TB are powers of 1000).
+
+    Raises:
+        ValueError: the text is not a size.
+    """
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"size must be >= 0, got {text}")
+        return text
+    match = _SIZE_RE.match(text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise ValueError(f"cannot parse size {text!r}; use e.g. 2GiB, 500MB or 1024")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def split_url(url: str) -> tuple[str, str, dict[str, str]]:
+    """``scheme://rest?query`` -> (scheme, rest, {param: value}); a repeated param keeps the
+    last value. Values are percent-decoded (nested store URLs arrive decoded)."""
+    if "://" not in url:
+        raise ValueError(f"store URL {url!r} has no scheme; known schemes: {', '.join(STORES)}")
+    scheme, rest = url.split("://", 1)
+    rest, _, query = rest.partition("?")
+    params: dict[str, str] = {}
+    for part in query.split("&") if query else ():
+        # NOTE: unquote, not parse_qs: '+' stays '+' (redis+cluster:// in a nested URL).
+        name, _, value = part.partition("=")
+        params[unquote(name)] = unquote(value)
+    return scheme.lower(), rest, params
+
+
+def check_params(url: str, params: dict[str, str], allowed: Iterable[str]) -> None:
+    """Raise ValueError naming any parameter of ``url`` not in ``allowed`` (typos fail loudly)."""
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"unknown parameter(s) {unknown} in store URL {url!r}; allowed: {sorted(allowed)}"
+        )
+
+
+def open_store(url: str) -> Store:
+    """Open the store named by ``url`` (see ``STORES`` and docs/stores.md).
+
+    Raises:
+        ValueError: unknown scheme or bad parameters (the message lists the known schemes).
+        ImportError: the backend's optional dependency is missing (with an install hint).
+        StoreError: the backend is unreachable or unusable.
+    """
+    scheme = split_url(url)[0]
+    target = STORES.get(scheme)
+    if target is None:
+        raise ValueError(f"unknown store scheme {scheme!r} in {url!r}; known: {', '.join(STORES)}")
+    module_name, class_name = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = INSTALL_HINTS.get(exc.name or "")
+        if hint is None:
+            raise
+        raise ImportError(f"store {scheme}:// needs the {exc.name!r} package: {hint}") from exc
+    store: Store = getattr(module, class_name).from_url(url)
+    return store

@@ -1,0 +1,182 @@
+"""The store contract, written once: every backend's test file mixes in ``BackendContract``.
+
+A test file subclasses it and defines a ``backend`` fixture returning a ``Backend`` (how to
+open the store, whether it persists across reopen, whether its LRU is exact).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from radixlink.contract import PoolName
+from radixlink.stores import PageCodec, Store, page_key
+
+PAGE_BYTES = 4096
+NAMESPACE = "c0ffee"
+
+
+@dataclass
+class Backend:
+    """How a test file opens its store. ``make(capacity_bytes or None)`` opens a new handle on
+    the same underlying storage each call."""
+
+    make: Callable[[int | None], Store]
+    persistent: bool
+    exact_lru: bool = True
+    opened: list[Store] = field(default_factory=list)
+
+    def open(self, capacity_bytes: int | None = None) -> Store:
+        store = self.make(capacity_bytes)
+        self.opened.append(store)
+        return store
+
+
+def closing(backend: Backend) -> Iterator[Backend]:
+    """Yield ``backend`` and close every store it opened (use from a fixture)."""
+    yield backend
+    for store in backend.opened:
+        store.close()
+
+
+def key(i: int, namespace: str = NAMESPACE) -> str:
+    return page_key(namespace, f"{i:064x}", PoolName.KV)
+
+
+def payload(i: int, size: int = PAGE_BYTES) -> bytes:
+    return random.Random(i).randbytes(size)
+
+
+def codec(page_bytes: int = PAGE_BYTES) -> PageCodec:
+    return PageCodec("layout-test", page_bytes)
+
+
+class BackendContract:
+    """The behaviour every store must have (DESIGN.md section 6b)."""
+
+    def test_round_trip(self, backend: Backend) -> None:
+        """Pages put through the codec come back byte-identical from get."""
+        store, c = backend.open(), codec()
+        assert store.put({key(i): c.encode(payload(i)) for i in range(8)}) == [True] * 8
+        blobs = store.get([key(i) for i in range(8)])
+        assert [bytes(c.decode(blob) or b"") for blob in blobs] == [payload(i) for i in range(8)]
+
+    def test_batch_presence(self, backend: Backend) -> None:
+        """exists answers per key, in order, for a batch mixing stored and missing keys."""
+        store = backend.open()
+        store.put({key(i): codec().encode(payload(i)) for i in (0, 2, 3)})
+        assert store.exists([key(i) for i in range(5)]) == [True, False, True, True, False]
+
+    def test_missing_keys(self, backend: Backend) -> None:
+        """Missing keys are an expected no: None / False / 0 deleted; empty batches work."""
+        store = backend.open()
+        assert store.get([key(7), key(8)]) == [None, None]
+        assert store.exists([key(7)]) == [False]
+        assert store.delete([key(7)]) == 0
+        assert store.get([]) == [] and store.exists([]) == [] and store.put({}) == []
+
+    def test_overwrite_and_delete(self, backend: Backend) -> None:
+        """A second put of a key replaces the value; delete removes exactly what exists."""
+        store, c = backend.open(), codec()
+        store.put({key(1): c.encode(payload(1))})
+        assert store.put({key(1): c.encode(payload(2))}) == [True]
+        assert bytes(c.decode(store.get([key(1)])[0]) or b"") == payload(2)
+        assert store.delete([key(1), key(9)]) == 1
+        assert store.exists([key(1)]) == [False]
+
+    def test_atomic_page_under_concurrent_writes(self, backend: Backend) -> None:
+        """A reader racing writers of the same key sees a whole old or new page, never a part."""
+        size = 1 << 20
+        store, c = backend.open(), codec(size)
+        versions = [c.encode(payload(100 + v, size)) for v in range(2)]
+        store.put({key(0): versions[0]})
+        stop = threading.Event()
+
+        def write(version: bytes) -> None:
+            while not stop.is_set():
+                store.put({key(0): version})
+
+        writers = [threading.Thread(target=write, args=(v,)) for v in versions]
+        for thread in writers:
+            thread.start()
+        try:
+            deadline, num_reads = time.monotonic() + 0.3, 0
+            while time.monotonic() < deadline or num_reads < 20:
+                assert store.get([key(0)])[0] in versions
+                num_reads += 1
+        finally:
+            stop.set()
+            for thread in writers:
+                thread.join()
+
+    def test_capacity_eviction(self, backend: Backend) -> None:
+        """Past capacity the store evicts; the newest page stays (exact LRU: the least recently
+        used pages go first, and a get counts as a use)."""
+        c = codec()
+        blob_len = len(c.encode(payload(0)))
+        if backend.exact_lru:
+            store = backend.open(10 * blob_len)
+            store.put({key(i): c.encode(payload(i)) for i in range(8)})
+            assert store.get([key(0)])[0] is not None
+            store.put({key(i): c.encode(payload(i)) for i in range(8, 12)})
+            assert store.exists([key(i) for i in range(12)]) == [True, False, False] + [True] * 9
+            return
+        store = backend.open(64 * blob_len)
+        for start in range(0, 512, 8):
+            store.put({key(i): c.encode(payload(i)) for i in range(start, start + 8)})
+        present = store.exists([key(i) for i in range(512)])
+        assert 0 < sum(present) < 512 and present[-1]
+
+    def test_corrupt_payload_is_a_counted_miss(self, backend: Backend) -> None:
+        """Bytes damaged in the store (a flipped byte, a cut tail) decode as counted misses."""
+        store, c = backend.open(), codec()
+        good = c.encode(payload(5))
+        flipped = good[:100] + bytes([good[100] ^ 1]) + good[101:]
+        store.put({key(5): flipped, key(6): good[:-10]})
+        assert [c.decode(blob) for blob in store.get([key(5), key(6)])] == [None, None]
+        assert c.stats()["checksum"] == 1 and c.stats()["truncated"] == 1
+
+    def test_close_and_reopen(self, backend: Backend) -> None:
+        """After close, a new handle sees the pages if the backend persists, else nothing."""
+        store, c = backend.open(), codec()
+        store.put({key(3): c.encode(payload(3))})
+        store.close()
+        assert backend.open().exists([key(3)]) == [backend.persistent]
+
+    def test_scan_and_clear_by_namespace(self, backend: Backend) -> None:
+        """scan lists (key, size) under a prefix; clear(prefix) removes only those keys."""
+        store, c = backend.open(), codec()
+        store.put({key(i, "aaaa"): c.encode(payload(i)) for i in range(3)})
+        store.put({key(i, "bbbb"): c.encode(payload(i)) for i in range(2)})
+        listed = sorted(store.scan("v1/aaaa/"))
+        assert listed == sorted((key(i, "aaaa"), PAGE_BYTES + 40) for i in range(3))
+        assert store.clear("v1/aaaa/") == 3
+        assert store.exists([key(0, "aaaa"), key(0, "bbbb"), key(1, "bbbb")]) == [
+            False,
+            True,
+            True,
+        ]
+
+    def test_concurrent_batches_from_threads(self, backend: Backend) -> None:
+        """Threads putting and getting disjoint batches at once all read back their own pages."""
+        store, c = backend.open(), codec()
+        errors: list[BaseException] = []
+
+        def work(t: int) -> None:
+            try:
+                keys = [key(1000 * t + i) for i in range(16)]
+                store.put({k: c.encode(payload(1000 * t + i)) for i, k in enumerate(keys)})
+                got = [bytes(c.decode(blob) or b"") for blob in store.get(keys)]
+                assert got == [payload(1000 * t + i) for i in range(16)]
+            except BaseException as exc:  # reported to the main thread below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors, errors

@@ -1,0 +1,23 @@
+"""``radixlink bench store`` runs end to end on a tiny workload and writes its JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from radixlink.bench.store import main
+
+
+def test_bench_store_smoke(tmp_path: Path, capsys: object) -> None:
+    """Two page sizes x put/get rows, each with store, raw and ratio figures."""
+    out = tmp_path / "store.json"
+    argv = ["--store", "memory://?capacity=64MiB", "--total", "1MiB", "--repeat", "1"]
+    assert main([*argv, "--page-sizes", "64KiB,256KiB", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(row["page"], row["op"]) for row in rows] == [
+        ("64 KiB", "put"),
+        ("64 KiB", "get"),
+        ("256 KiB", "put"),
+        ("256 KiB", "get"),
+    ]
+    assert all(row["store GB/s"] > 0 and row["raw GB/s"] > 0 for row in rows)
