@@ -3,6 +3,8 @@
 Re-exports only.
 """
 
+from radixlink.cache import UnifiedCache
+from radixlink.config import CacheConfig
 from radixlink.contract import (
     ComponentType,
     EvictParams,
@@ -19,10 +21,18 @@ from radixlink.contract import (
 )
 from radixlink.errors import StoreError, TransferError
 from radixlink.hashing import Namespace, page_hashes
+from radixlink.linker.core import ExternalCacheLinker
+from radixlink.linker.records import LoadOutcome
 from radixlink.memory import KVLayout, KVPool, MambaStatePool, PagedAllocator, StateLayout
+from radixlink.nocache import NoPrefixCache
 from radixlink.stores import PageCodec, Store, open_store
 
 __all__ = [
+    "CacheConfig",
+    "ExternalCacheLinker",
+    "LoadOutcome",
+    "NoPrefixCache",
+    "UnifiedCache",
     "ComponentType",
     "EvictParams",
     "EvictResult",

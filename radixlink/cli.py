@@ -18,6 +18,7 @@ BENCHES: dict[str, str] = {
     "memory": "radixlink.bench.memory",
     "hash": "radixlink.bench.hash",
     "tree": "radixlink.bench.tree",
+    "peers": "radixlink.bench.peers",
     "store": "radixlink.bench.store",
     "trace": "radixlink.bench.trace",
     "e2e": "radixlink.bench.e2e",

@@ -1,0 +1,154 @@
+"""`radixlink bench tree`: requests/s of the tree on a multi-turn chat workload, per phase.
+
+Owns only this benchmark; drives ``UnifiedCache`` through its public methods, indices only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from radixlink.bench.common import add_common_args, machine_info, print_table, write_json
+from radixlink.bench.workload import ChatRequest, WorkloadSpec, ideal_hit_tokens, make_workload
+from radixlink.cache import UnifiedCache
+from radixlink.config import CacheConfig
+from radixlink.contract import InsertParams
+
+PHASES = ("key", "match", "lock", "alloc", "insert", "free")
+
+
+def run_once(
+    requests: list[ChatRequest], page_size: int, capacity: int, policy: str = "lru"
+) -> dict[str, Any]:
+    """Replay ``requests`` through a fresh cache; wall time per phase and hit statistics.
+
+    Per request: match -> lock -> alloc (evicting when short) -> insert(prompt + output,
+    prev_prefix_len = hit) -> free the partial tail page -> unlock.
+    """
+    cache = UnifiedCache(
+        CacheConfig(page_size=page_size, num_tokens=capacity, eviction_policy=policy)
+    )
+    ps = page_size
+    t_key = t_match = t_lock = t_alloc = t_insert = t_free = 0.0
+    hit_total = prompt_total = 0
+    clock = time.perf_counter
+    start = clock()
+    for req in requests:
+        t0 = clock()
+        prompt = req.prompt
+        seq = prompt + req.output
+        t1 = clock()
+        m = cache.match_prefix(prompt)
+        t2 = clock()
+        hit = m.prefix_len
+        handle = cache.lock(m.last_node)
+        t3 = clock()
+        new = cache.alloc(len(seq) - hit)
+        assert new is not None, "allocation failed after eviction: capacity below one request"
+        kv = torch.cat([m.device_indices, new]) if hit else new
+        t4 = clock()
+        aligned = len(seq) // ps * ps
+        cache.insert(InsertParams(key=seq, value=kv[:aligned], prev_prefix_len=hit))
+        t5 = clock()
+        if len(kv) > aligned:
+            cache.free(kv[aligned:])
+        t6 = clock()
+        cache.unlock(handle)
+        t7 = clock()
+        t_key += t1 - t0
+        t_match += t2 - t1
+        t_lock += (t3 - t2) + (t7 - t6)
+        t_alloc += t4 - t3
+        t_insert += t5 - t4
+        t_free += t6 - t5
+        hit_total += hit
+        prompt_total += len(prompt)
+    wall = clock() - start
+    stats = cache.stats()
+    assert stats["num_locks"] == 0 and stats["held_tokens"] == 0, f"leak after the run: {stats}"
+    phases = dict(zip(PHASES, (t_key, t_match, t_lock, t_alloc, t_insert, t_free), strict=True))
+    return {
+        "wall_s": wall,
+        "hit_rate": hit_total / prompt_total,
+        "evicted_tokens": stats["evicted_tokens"],
+        "cached_tokens": stats["cached_tokens"],
+        "num_nodes": stats["num_nodes"],
+        "phases_s": phases,
+    }
+
+
+def _row(page_size: int, capacity: int, runs: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    walls = [r["wall_s"] for r in runs]
+    median = sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
+    row: dict[str, Any] = {
+        "page": page_size,
+        "capacity": capacity,
+        "req/s": n / median["wall_s"],
+        "best req/s": n / min(walls),
+        "hit": round(median["hit_rate"], 3),
+        "evicted": median["evicted_tokens"],
+    }
+    for phase, seconds in median["phases_s"].items():
+        row[f"{phase} us"] = round(seconds / n * 1e6, 1)
+    row["total us"] = round(median["wall_s"] / n * 1e6, 1)
+    return row
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="radixlink bench tree", description=__doc__)
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--page-size", default="1,16", help="comma-separated page sizes")
+    parser.add_argument("--capacity", default="65536,262144,2097152", help="tokens, comma list")
+    parser.add_argument("--reps", type=int, default=3, help="runs per config (median shown)")
+    parser.add_argument("--policy", choices=("lru", "lfu"), default="lru")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--profile", action="store_true", help="cProfile one run per config")
+    add_common_args(parser)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    page_sizes = [int(x) for x in args.page_size.split(",")]
+    capacities = [int(x) for x in args.capacity.split(",")]
+    requests = make_workload(WorkloadSpec(num_requests=args.requests, seed=args.seed))
+    prompt_tokens = sum(len(r.prompt) for r in requests)
+    print(
+        f"tree bench: {len(requests)} requests, {prompt_tokens:,} prompt tokens, seed "
+        f"{args.seed}, policy {args.policy}, {args.reps} runs per config (median), "
+        f"torch threads {args.threads}"
+    )
+    run_once(requests[:200], page_sizes[0], capacities[0], args.policy)  # warm-up
+    rows, results = [], []
+    for ps in page_sizes:
+        ideal = ideal_hit_tokens(requests, ps) / prompt_tokens
+        for cap in capacities:
+            if args.profile:
+                _profile(requests, ps, cap, args.policy)
+            runs = [run_once(requests, ps, cap, args.policy) for _ in range(args.reps)]
+            row = _row(ps, cap, runs, len(requests))
+            row["ideal hit"] = round(ideal, 3)
+            rows.append(row)
+            results.append({"page_size": ps, "capacity": cap, "row": row, "runs": runs})
+    print_table(rows, "per request: match -> lock -> alloc -> insert -> free tail -> unlock")
+    spread = [r["best req/s"] / r["req/s"] - 1 for r in rows]
+    print(f"best run within {100 * statistics.mean(spread):.1f}% of the median on average")
+    if args.json:
+        write_json(
+            args.json,
+            {"bench": "tree", "machine": machine_info(), "args": vars(args), "results": results},
+        )
+    return 0
+
+
+def _profile(requests: list[ChatRequest], page_size: int, capacity: int, policy: str) -> None:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run_once(requests, page_size, capacity, policy)
+    profiler.disable()
+    print(f"--- profile page {page_size} capacity {capacity}")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(18)

@@ -1,0 +1,178 @@
+"""``TreeComponent``: the one hook set through which the tree and the facade reach a component.
+
+Owns default behaviour (a component that caches nothing) and the linker hooks' defaults of
+DESIGN.md section 3. Concrete components (full.py, later swa.py, mamba.py) override hooks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import torch
+
+from radixlink.contract import (
+    ComponentType,
+    ExternalLinkerLoadPhase,
+    InsertResult,
+    LinkerTransferPhase,
+    MatchResult,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+)
+from radixlink.tree.node import Effects, InsertContext, MatchPath, TreeNode
+
+if TYPE_CHECKING:
+    from radixlink.tree.tree import RadixTree
+
+
+class SlotAllocator(Protocol):
+    """What a component needs from its pool's allocator (``PagedAllocator`` fits; a hybrid
+    allocator can be wrapped to fit)."""
+
+    page_size: int
+    device: torch.device
+    num_pages: int
+
+    def alloc(self, num_tokens: int) -> torch.Tensor | None: ...
+
+    def free(self, slots: torch.Tensor) -> None: ...
+
+    def available_size(self) -> int: ...
+
+    def total_size(self) -> int: ...
+
+
+class TreeComponent:
+    """Base of every component; the defaults describe a component that holds no data.
+
+    Hooks fall in four groups (the tree calls the first three, the facade the last):
+
+    * structure: ``bind``, ``split``, ``refresh``, ``release``;
+    * requests: ``match_accept``, ``insert_overlap``, ``insert_unevict``, ``insert_leaf``,
+      ``insert_done``, ``lock``/``unlock``, ``evict``;
+    * checks: ``check_node``, ``check``;
+    * facade: ``fill_match`` (its part of a ``MatchResult``), ``apply`` (slot decisions of an
+      ``Effects`` record), ``check_accounting``, ``stats``; and the two linker hooks.
+
+    A component stores its data in ``node.values[self.index]`` (None = tombstone) and its lock
+    count in ``node.lock_refs[self.index]``; index 0 is the backbone. Components may read
+    other components' slots of a node (e.g. SWA heals into the backbone value), never their
+    private state.
+    """
+
+    component_type: ClassVar[ComponentType]
+    pool_name: ClassVar[PoolName]
+    hit_policy: ClassVar[PoolHitPolicy] = PoolHitPolicy.ALL_PAGES
+    # TRAILING_PAGES components: how many trailing pages a restorable prefix needs
+    # (SWA: ceil(window / page_size); MAMBA: 1). Read by the linker's LOOKUP.
+    window_pages: int = 0
+    window_pages: int = 0  # TRAILING_PAGES pools: trailing pages needed (SWA window); 0 = all
+
+    def __init__(self) -> None:
+        self.index = -1
+        self._tree: RadixTree | None = None
+
+    @property
+    def tree(self) -> RadixTree:
+        assert self._tree is not None, f"{type(self).__name__} is not bound to a tree"
+        return self._tree
+
+    # ---------------------------------------------------------------- structure (tree calls)
+
+    def bind(self, tree: RadixTree, index: int) -> None:
+        """Attach to ``tree`` at slot ``index`` (called once, by the tree)."""
+        assert self._tree is None, f"{type(self).__name__} is already bound to a tree"
+        self._tree, self.index = tree, index
+
+    def split(self, parent: TreeNode, child: TreeNode) -> None:
+        """Divide this component's value and locks of ``child`` with its new front ``parent``."""
+
+    def refresh(self, node: TreeNode) -> None:
+        """Re-decide ``node``'s evictable membership after a leaf or lock change."""
+
+    def release(self, node: TreeNode, effects: Effects) -> None:
+        """Release this component's data on ``node`` into ``effects`` (the node leaves the tree
+        or becomes this component's tombstone); set ``node.values[self.index] = None``."""
+
+    # ---------------------------------------------------------------- requests (tree calls)
+
+    def match_accept(self, nodes: list[TreeNode], limit: int) -> int:
+        """Largest boundary ``<= limit`` this component can serve along ``nodes``."""
+        return limit
+
+    def insert_overlap(self, ctx: InsertContext, node: TreeNode, start: int, end: int) -> None:
+        """The key covers ``node`` where this component has data."""
+
+    def insert_unevict(self, ctx: InsertContext, node: TreeNode, start: int, end: int) -> None:
+        """The key covers ``node`` where this component's value is a tombstone."""
+
+    def insert_leaf(self, ctx: InsertContext, node: TreeNode) -> None:
+        """Commit the caller's data for the new leaf ``node``."""
+
+    def insert_done(self, ctx: InsertContext, last_node: TreeNode) -> None:
+        """After the walk; ``last_node`` ends at ``ctx.aligned_len``."""
+
+    def lock(self, node: TreeNode) -> Any:
+        """Protect what a request at ``node`` needs; the return value is this component's
+        receipt, handed back to ``unlock``."""
+        return None
+
+    def unlock(self, node: TreeNode, receipt: Any) -> None:
+        """Undo the ``lock`` that returned ``receipt``."""
+
+    def evict(self, target: int, effects: Effects) -> None:
+        """Free data until ``effects.num_freed[self.index] >= target`` or none is left."""
+
+    # ---------------------------------------------------------------- checks (tree calls)
+
+    def check_node(self, node: TreeNode) -> int:
+        """Assert per-node rules; return this component's units (tokens/states) on ``node``."""
+        return 0
+
+    def check(self, cached: int, handles: list[Any]) -> None:
+        """Assert component-wide rules (``cached`` = sum of ``check_node`` over the tree)."""
+
+    # ---------------------------------------------------------------- facade
+
+    def fill_match(self, result: MatchResult, path: MatchPath) -> None:
+        """Write this component's part of ``result`` for the accepted ``path``."""
+
+    def apply(self, effects: Effects) -> None:
+        """Carry out the slot decisions for this component in ``effects`` (free, mark)."""
+
+    def check_accounting(self) -> None:
+        """Assert the pool's free + cached + held == total."""
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    # ---------------------------------------------------------------- linker (DESIGN.md 3)
+
+    def build_external_linker_transfer(
+        self, phase: LinkerTransferPhase, node: TreeNode | None, keys: list[str]
+    ) -> PoolTransfer | None:
+        """This component's part of a linker transfer, or None = not taking part.
+
+        OFFLOAD: ``node`` is given and ``keys`` come from ``node.hash_value``. LOOKUP/LOAD:
+        ``node`` is None and ``keys`` are the hashes of the device-uncached tail (page 0 =
+        first uncached page). LOAD reserves device slots the component owns until
+        ``update_external_linker_load`` COMMITs or ABORTs them.
+        """
+        return None
+
+    def update_external_linker_load(
+        self,
+        phase: ExternalLinkerLoadPhase,
+        req: Any,
+        full_transfer: PoolTransfer | None,
+        transfer: PoolTransfer | None,
+        prefix_len: int,
+        *,
+        insert_result: InsertResult | None = None,
+        canonical_full: torch.Tensor | None = None,
+    ) -> PoolTransfer | None:
+        """Advance a load of this component: PREPARE (set mappings before data lands), COMMIT
+        (bind to the tree's canonical slots after insert, free what was not adopted), ABORT
+        (release what LOAD reserved). The default keeps ``transfer`` unchanged."""
+        return transfer

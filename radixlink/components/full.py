@@ -1,0 +1,334 @@
+"""``FullComponent``: full-attention KV slots on the tree, the backbone of every cache.
+
+Owns the full pool's side of the tree: node slot values, path locks, the leaf LRU/LFU set, the
+tree-owned page bitmap and the held-by-requests count. Does not walk or reshape the tree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from radixlink.components.base import SlotAllocator, TreeComponent
+from radixlink.components.ownership import PageOwnership
+from radixlink.config import EvictionPolicy
+from radixlink.contract import (
+    ComponentType,
+    ExternalLinkerLoadPhase,
+    InsertResult,
+    LinkerTransferPhase,
+    MatchResult,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+)
+from radixlink.tree.lru import EvictableSet
+from radixlink.tree.node import Effects, InsertContext, MatchPath, TreeNode
+
+_FULL = ComponentType.FULL
+
+
+class FullComponent(TreeComponent):
+    """Full-attention KV: a node is matchable when its full slots are on device.
+
+    Values are int64 slot tensors (one slot per token, whole pages). A lock protects the whole
+    path to the root. Eviction removes unlocked leaves, least recently (or frequently) used
+    first; a parent left as a leaf becomes a candidate in turn.
+
+    Args:
+        allocator: the full pool's allocator (slots come from it and go back to it).
+        policy: LRU or LFU ordering of evictable leaves.
+    """
+
+    component_type = _FULL
+    pool_name = PoolName.KV
+    hit_policy = PoolHitPolicy.ALL_PAGES
+
+    def __init__(
+        self, allocator: SlotAllocator, policy: EvictionPolicy | str = EvictionPolicy.LRU
+    ) -> None:
+        super().__init__()
+        self.allocator = allocator
+        self.page_size = allocator.page_size
+        self.ownership = PageOwnership(allocator.num_pages, allocator.page_size, allocator.device)
+        self.policy = EvictionPolicy(policy)
+        self.evictable = EvictableSet(0, self.policy)
+        self.cached_tokens = 0
+        self.protected_tokens = 0
+        self.num_held = 0
+        self.num_evicted = 0
+        self._empty = torch.empty(0, dtype=torch.int64, device=allocator.device)
+
+    def bind(self, tree: Any, index: int) -> None:
+        super().bind(tree, index)
+        assert index == 0, f"FullComponent must be the backbone (index 0), got {index}"
+
+    # ---------------------------------------------------------------- structure
+
+    def split(self, parent: TreeNode, child: TreeNode) -> None:
+        value = child.values[0]
+        if value is not None:
+            cut = parent.num_tokens
+            # NOTE: clones keep each node's tensor exactly its own size, so evicting one part
+            # never pins the other's memory.
+            parent.values[0] = value[:cut].clone()
+            child.values[0] = value[cut:].clone()
+        parent.lock_refs[0] = child.lock_refs[0]
+
+    def refresh(self, node: TreeNode) -> None:
+        if (
+            not node.children
+            and node.lock_refs[0] == 0
+            and node.values[0] is not None
+            and node.parent is not None
+        ):
+            self.evictable.add(node)
+        else:
+            self.evictable.discard(node)
+
+    def release(self, node: TreeNode, effects: Effects) -> None:
+        self.evictable.discard(node)
+        value = node.values[0]
+        if value is not None:
+            node.values[0] = None
+            num = value.shape[0]
+            effects.freed[0].append(value)
+            effects.num_freed[0] += num
+            self.cached_tokens -= num
+
+    def drop(self, node: TreeNode, effects: Effects) -> None:
+        """Tombstone ``node``'s full data, and with it every other component's data there
+        (they all need the full KV); a leaf is removed instead. For hybrid eviction and
+        tests."""
+        assert node.lock_refs[0] == 0, f"drop of locked {node}"
+        self.tree.tombstone(node, 0, effects)
+
+    # ---------------------------------------------------------------- requests
+
+    def match_accept(self, nodes: list[TreeNode], limit: int) -> int:
+        for node in nodes:
+            if node.values[0] is None:
+                return min(limit, node.seq_len - (len(node.key) >> 2))
+        return limit
+
+    def insert_unevict(self, ctx: InsertContext, node: TreeNode, start: int, end: int) -> None:
+        assert start >= ctx.prev_prefix_len, f"unevict of {node} below prev_prefix_len"
+        self._adopt(ctx, node, start, end)
+        self.refresh(node)
+
+    def insert_leaf(self, ctx: InsertContext, node: TreeNode) -> None:
+        self._adopt(ctx, node, node.seq_len - (len(node.key) >> 2), node.seq_len)
+
+    def _adopt(self, ctx: InsertContext, node: TreeNode, start: int, end: int) -> None:
+        # NOTE: a clone, because callers often pass views of a reusable request table.
+        slots = ctx.value[start:end].clone()
+        node.values[0] = slots
+        self.cached_tokens += end - start
+        ctx.adopt(0, _FULL, start, end, slots)
+
+    def lock(self, node: TreeNode) -> None:
+        if node.lock_refs[0] == 0 and node.evict_entries[0] is not None:
+            self.evictable.discard(node)
+        while node.parent is not None:
+            if node.lock_refs[0] == 0:
+                self.protected_tokens += len(node.key) >> 2
+            node.lock_refs[0] += 1
+            node = node.parent
+
+    def unlock(self, node: TreeNode, receipt: Any) -> None:
+        first = node
+        while node.parent is not None:
+            assert node.lock_refs[0] > 0, f"unlock below zero at {node}"
+            node.lock_refs[0] -= 1
+            if node.lock_refs[0] == 0:
+                self.protected_tokens -= len(node.key) >> 2
+            node = node.parent
+        if first.lock_refs[0] == 0 and not first.children and first.values[0] is not None:
+            self.evictable.add(first)
+
+    def evict(self, target: int, effects: Effects) -> None:
+        before = effects.num_freed[0]
+        pop, remove = self.evictable.pop, self.tree.remove_leaf
+        while effects.num_freed[0] < target:
+            node = pop()
+            if node is None:
+                break
+            remove(node, effects)
+        self.num_evicted += effects.num_freed[0] - before
+
+    # ---------------------------------------------------------------- checks
+
+    def check_node(self, node: TreeNode) -> int:
+        value, refs = node.values[0], node.lock_refs[0]
+        assert refs >= 0, f"negative full lock count on {node}"
+        should = not node.children and refs == 0 and value is not None
+        assert (node in self.evictable) == should, (
+            f"{node}: in evictable set = {node in self.evictable}, expected {should}"
+        )
+        if value is None:
+            assert node.children, f"{node}: a leaf whose full value is a tombstone"
+            return 0
+        assert isinstance(value, torch.Tensor) and value.dtype == torch.int64, (
+            f"{node}: full value must be an int64 tensor"
+        )
+        assert len(value) == node.num_tokens, (
+            f"{node}: {len(value)} slots for {node.num_tokens} tokens"
+        )
+        return len(value)
+
+    def check(self, cached: int, handles: list[Any]) -> None:
+        assert cached == self.cached_tokens, (
+            f"full: tree holds {cached} tokens, counter says {self.cached_tokens}"
+        )
+        self.evictable.check()
+        expected: dict[int, int] = {}
+        nodes: dict[int, TreeNode] = {}
+        for handle in handles:
+            node = handle.node
+            while node.parent is not None:
+                expected[id(node)] = expected.get(id(node), 0) + 1
+                nodes[id(node)] = node
+                node = node.parent
+        protected = 0
+        for node in self.tree.iter_nodes():
+            refs = node.lock_refs[0]
+            assert refs == expected.get(id(node), 0), (
+                f"{node}: full lock count {refs}, live handles say {expected.get(id(node), 0)}"
+            )
+            protected += node.num_tokens if refs else 0
+        assert protected == self.protected_tokens, (
+            f"full: protected tokens {self.protected_tokens}, tree says {protected}"
+        )
+
+    # ---------------------------------------------------------------- facade
+
+    def fill_match(self, result: MatchResult, path: MatchPath) -> None:
+        nodes = path.nodes
+        if not nodes:
+            result.device_indices = self._empty
+            return
+        values = [node.values[0] for node in nodes]
+        last = nodes[-1]
+        if path.node_offset < (len(last.key) >> 2):
+            values[-1] = values[-1][: path.node_offset]
+        result.device_indices = values[0] if len(values) == 1 else torch.cat(values)
+
+    def alloc(self, num_tokens: int) -> torch.Tensor | None:
+        """Slots for ``num_tokens`` (whole pages) from the allocator, without evicting."""
+        slots = self.allocator.alloc(num_tokens)
+        if slots is not None:
+            self.num_held += slots.shape[0]
+        return slots
+
+    def free(self, slots: torch.Tensor) -> None:
+        """Return slots a request holds. Raises ValueError (nothing changes) for tree-owned
+        slots, double frees or partial pages."""
+        if self.ownership.any_owned(slots):
+            raise ValueError(
+                "free of slots the tree owns (they came from match_prefix or were adopted by "
+                "insert); free only slots from alloc that insert did not take"
+            )
+        self.allocator.free(slots)
+        self.num_held -= slots.shape[0]
+
+    def apply(self, effects: Effects) -> None:
+        adopted, dropped, freed = effects.adopted[0], effects.dropped[0], effects.freed[0]
+        if adopted:
+            slots = adopted[0] if len(adopted) == 1 else torch.cat(adopted)
+            self.ownership.mark(slots)
+            self.num_held -= slots.shape[0]
+        if dropped:
+            slots = dropped[0] if len(dropped) == 1 else torch.cat(dropped)
+            self.allocator.free(slots)
+            self.num_held -= slots.shape[0]
+        if freed:
+            slots = freed[0] if len(freed) == 1 else torch.cat(freed)
+            self.ownership.unmark(slots)
+            self.allocator.free(slots)
+
+    def check_accounting(self) -> None:
+        total = self.allocator.total_size()
+        free = self.allocator.available_size()
+        assert self.num_held >= 0, f"full: negative held count {self.num_held}"
+        assert free + self.cached_tokens + self.num_held == total, (
+            f"full pool: free {free} + cached {self.cached_tokens} + held {self.num_held} "
+            f"!= total {total}"
+        )
+        values = [n.values[0] for n in self.tree.iter_nodes() if n.values[0] is not None]
+        pages = torch.cat(values)[:: self.page_size] // self.page_size if values else self._empty
+        owned = self.ownership.owned_pages()
+        assert torch.equal(torch.sort(pages).values, owned.to(pages.device)), (
+            f"full pool: {owned.numel()} pages marked tree-owned, the tree holds "
+            f"{pages.numel()} (or a different set)"
+        )
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "cached_tokens": self.cached_tokens,
+            "protected_tokens": self.protected_tokens,
+            "evictable_tokens": self.cached_tokens - self.protected_tokens,
+            "held_tokens": self.num_held,
+            "free_tokens": self.allocator.available_size(),
+            "evicted_tokens": self.num_evicted,
+            "evictable_leaves": len(self.evictable),
+        }
+
+    # ---------------------------------------------------------------- linker (DESIGN.md 3)
+
+    def build_external_linker_transfer(
+        self, phase: LinkerTransferPhase, node: TreeNode | None, keys: list[str]
+    ) -> PoolTransfer | None:
+        """OFFLOAD: the node's slots keyed by its page hashes (None without hashes or device
+        data). LOOKUP: the keys. LOAD: ``len(keys)`` pages of fresh slots, evicting when short
+        (None when even eviction cannot make room); they count as held until COMMIT/ABORT."""
+        if phase is LinkerTransferPhase.OFFLOAD:
+            if node is None or node.hash_value is None or node.values[0] is None:
+                return None
+            return PoolTransfer(name=PoolName.KV, keys=list(node.hash_value),
+                                device_indices=node.values[0])
+        if phase is LinkerTransferPhase.LOOKUP:
+            return PoolTransfer(name=PoolName.KV, keys=list(keys))
+        num_tokens = len(keys) * self.page_size
+        slots = self.alloc(num_tokens)
+        if slots is None:
+            short = num_tokens - self.allocator.available_size()
+            effects = self.tree.evict([short] + [0] * (self.tree.num_components - 1))
+            for component in self.tree.components:
+                component.apply(effects)  # type: ignore[attr-defined]
+            slots = self.alloc(num_tokens)
+        if slots is None:
+            return None
+        return PoolTransfer(name=PoolName.KV, keys=list(keys), device_indices=slots)
+
+    def update_external_linker_load(
+        self,
+        phase: ExternalLinkerLoadPhase,
+        req: Any,
+        full_transfer: PoolTransfer | None,
+        transfer: PoolTransfer | None,
+        prefix_len: int,
+        *,
+        insert_result: InsertResult | None = None,
+        canonical_full: torch.Tensor | None = None,
+    ) -> PoolTransfer | None:
+        """PREPARE: nothing. COMMIT: the insert adopted some reserved pages and freed the
+        duplicates itself; return the transfer trimmed to the adopted pages. ABORT: free
+        every reserved slot."""
+        if transfer is None or transfer.device_indices is None:
+            return transfer
+        if phase is ExternalLinkerLoadPhase.PREPARE:
+            return transfer
+        if phase is ExternalLinkerLoadPhase.ABORT:
+            self.free(transfer.device_indices)
+            return None
+        assert insert_result is not None, "COMMIT needs the insert's result"
+        ps, slots = self.page_size, transfer.device_indices
+        parts, keys = [], []
+        for start, end in insert_result.adopted_ranges.get(_FULL, ()):
+            lo, hi = max(start - prefix_len, 0), min(end - prefix_len, slots.shape[0])
+            if hi > lo:
+                parts.append(slots[lo:hi])
+                keys.extend(transfer.keys[lo // ps : hi // ps])
+        adopted = torch.cat(parts) if parts else self._empty
+        return PoolTransfer(name=PoolName.KV, keys=keys, device_indices=adopted)

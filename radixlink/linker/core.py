@@ -1,0 +1,456 @@
+"""``ExternalCacheLinker``: LOOKUP, LOAD (prepare, transfer, verify, publish, commit or abort)
+and OFFLOAD between a ``UnifiedCache`` and a ``Store`` (DESIGN.md section 5b).
+
+Owns the load/offload lifecycle, completion processing and counters. Reaches the tree only
+through the cache's public facade and the components' linker hooks; store I/O runs on the
+worker's threads, everything that touches the tree runs on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import torch
+
+from radixlink.contract import (
+    ExternalLinkerLoadPhase,
+    InsertParams,
+    LinkerTransferPhase,
+    MatchResult,
+    PoolName,
+    PoolTransfer,
+)
+from radixlink.errors import StoreError
+from radixlink.hashing import namespace_id, page_hashes
+from radixlink.linker.offload import OffloadPolicy
+from radixlink.linker.ranks import LocalRankGroup, RankGroup
+from radixlink.linker.records import Load, LoadOutcome, Lookup, pool_writer
+from radixlink.linker.restorable import presence_from_store, restorable_prefix_pages
+from radixlink.linker.worker import Completion, PoolPages, TransferStatus, TransferWorker
+from radixlink.stores.base import Store
+from radixlink.stores.keys import page_key
+from radixlink.stores.registry import open_store
+
+_PREPARE, _COMMIT, _ABORT = (
+    ExternalLinkerLoadPhase.PREPARE,
+    ExternalLinkerLoadPhase.COMMIT,
+    ExternalLinkerLoadPhase.ABORT,
+)
+
+
+class ExternalCacheLinker:
+    """Links a ``UnifiedCache`` to an external page store.
+
+    Protocol for one request (the engine's thread)::
+
+        m = cache.match_prefix(prompt, req_id=rid)   # device match + store LOOKUP
+        if m.external_hit_len and linker.load(rid):  # PREPARE, transfer on a worker thread
+            out = linker.wait_load(rid)              # or poll() for many at once
+            prefix, slots, handle = out.prefix_len, out.device_indices, out.lock
+        else:
+            handle = cache.lock(m.last_node)
+        ... prefill tokens[prefix:], insert, cache.unlock(handle) ...
+
+    Offloads start by themselves after inserts, by ``write_policy``: ``write_through``
+    (a node's first hit, its creating insert included), ``write_through_selective`` (its
+    ``write_through_threshold``-th hit) or ``write_back`` (just before eviction frees it).
+
+    Args:
+        cache: the cache (built with ``enable_external_cache_linker=True``).
+        store: a ``Store`` or a store URL (the linker then owns and closes it).
+        ranks: tensor-parallel agreement; the single-process default agrees with itself.
+        write_policy: when nodes are offloaded (see above).
+        write_through_threshold: hits before a ``write_through_selective`` offload.
+        max_inflight_bytes: offload bytes in flight; past it offloads are dropped, counted.
+        load_timeout_s: a load not finished by then fails (its slots are freed when the
+            worker returns, never before).
+        revalidate_after_s: a stored mark older than this is re-checked on the next hit.
+        num_threads: store transfer threads.
+    """
+
+    def __init__(
+        self,
+        cache: Any,
+        store: Store | str,
+        *,
+        ranks: RankGroup | None = None,
+        write_policy: str = "write_through",
+        write_through_threshold: int = 2,
+        max_inflight_bytes: int = 256 << 20,
+        load_timeout_s: float = 30.0,
+        revalidate_after_s: float = 300.0,
+        num_threads: int = 2,
+    ):
+        self._owns_store = isinstance(store, str)
+        self.store: Store = open_store(store) if isinstance(store, str) else store
+        self.cache = cache
+        self.ranks = ranks or LocalRankGroup()
+        self.page_size: int = cache.page_size
+        self.load_timeout_s = load_timeout_s
+        self._stats: Counter[str] = Counter()
+        self._worker = TransferWorker(self.store, num_threads)
+        self._lookups: dict[Any, Lookup] = {}
+        self._loads: dict[int, Load] = {}  # job id -> leader load
+        self._by_req: dict[Any, Load] = {}
+        self._by_signature: dict[tuple[str, int], Load] = {}
+        self._ready: dict[Any, LoadOutcome] = {}
+        self._completions: dict[int, Completion] = {}
+        self._submitted: list[int] = []  # job ids not yet applied, in submission order
+        self._publishing = False
+        self._closed = False
+        self.offload = OffloadPolicy(
+            self,
+            write_policy=write_policy,
+            threshold=write_through_threshold,
+            max_inflight_bytes=max_inflight_bytes,
+            revalidate_after_s=revalidate_after_s,
+        )
+        cache.attach_linker(self)
+
+    # ---------------------------------------------------------------- keys
+
+    def store_keys(self, transfer: PoolTransfer, namespace: Any = None) -> list[str]:
+        """Store keys of a transfer's pages: version / namespace / hash / pool [/ rank]."""
+        ns_id = namespace_id(self._namespace(namespace))
+        rank = None if self.offload.replicated(transfer.name) else self.ranks.rank
+        return [page_key(ns_id, h, transfer.name, rank) for h in transfer.keys]
+
+    def _namespace(self, namespace: Any) -> Any:
+        return self.cache.config.namespace if namespace is None else namespace
+
+    # ---------------------------------------------------------------- LOOKUP
+
+    def lookup(self, result: MatchResult, key: bytes, req_id: Any, namespace: Any = None) -> None:
+        """Fill ``result.external_hit_len`` for the device-uncached whole pages of ``key``
+        (packed uint32 tokens) and remember what ``load(req_id)`` should fetch.
+
+        Called by ``cache.match_prefix``. A store error is a miss (counted).
+        """
+        self._lookups.pop(req_id, None)
+        ps, prefix = self.page_size, result.prefix_len
+        tokens = np.frombuffer(key, dtype="<u4")
+        num_pages = len(tokens) // ps - prefix // ps
+        pages: list[int] = []
+        keys: list[str] = []
+        if num_pages > 0:
+            keys = self._tail_hashes(result, tokens, namespace)
+            pages = self._restorable(keys, namespace)
+        best = max(self.ranks.intersect(pages, num_pages), default=0) if num_pages > 0 else 0
+        self._stats["lookups"] += 1
+        result.external_hit_len = best * ps
+        if best:
+            self._stats["lookup_hit_pages"] += best
+            self._lookups[req_id] = Lookup(
+                tokens=tokens[: prefix + best * ps], prefix_len=prefix,
+                last_node=result.last_node, keys=keys[:best], namespace=namespace,
+            )
+
+    def _tail_hashes(self, result: MatchResult, tokens: np.ndarray, namespace: Any) -> list[str]:
+        ps, prefix = self.page_size, result.prefix_len
+        tail = tokens[prefix : len(tokens) // ps * ps]
+        algo = self.cache.config.hash_algo
+        if prefix == 0:
+            return page_hashes(tail, ps, self._namespace(namespace), algo=algo)
+        node = result.last_node
+        parent = node.hash_value[result.node_offset // ps - 1]
+        return page_hashes(tail, ps, parent=parent, algo=algo)
+
+    def _restorable(self, keys: list[str], namespace: Any) -> list[int]:
+        transfers = self._transfers(LinkerTransferPhase.LOOKUP, keys)
+        if not transfers:
+            return []
+        store_keys = [k for t in transfers for k in self.store_keys(t, namespace)]
+        try:
+            exists = self.store.exists(store_keys)
+        except StoreError:
+            self._stats["failures_lookup"] += 1
+            return []
+        windows = {c.pool_name: c.window_pages for c in self._components if c.window_pages > 0}
+        presence = presence_from_store(transfers, exists, window_pages=windows)
+        return restorable_prefix_pages(len(keys), presence).restorable_prefix_pages
+
+    def _transfers(self, phase: LinkerTransferPhase, keys: list[str]) -> list[PoolTransfer]:
+        out = []
+        for component in self._components:
+            transfer = component.build_external_linker_transfer(phase, None, keys)
+            if transfer is not None:
+                out.append(transfer)
+        return out
+
+    @property
+    def _components(self) -> tuple[Any, ...]:
+        return tuple(self.cache.components)
+
+    # ---------------------------------------------------------------- LOAD
+
+    def load(self, req_id: Any) -> bool:
+        """Start the load that ``match_prefix(..., req_id=req_id)`` found.
+
+        Reserves device slots (PREPARE) and queues the transfer; identical in-flight loads
+        share one transfer. Returns False (nothing held) when there is nothing to load or no
+        room; then the caller proceeds with its device prefix.
+        """
+        lookup = self._lookups.pop(req_id, None)
+        if lookup is None or self._closed:
+            return False
+        if req_id in self._by_req:
+            raise ValueError(f"request {req_id!r} already has a load in flight; wait for it")
+        try:
+            handle = self.cache.lock(lookup.last_node)
+        except ValueError:  # the device prefix was evicted since the match
+            return False
+        load = Load(req_id=req_id, lookup=lookup, handle=handle, started=time.monotonic())
+        leader = self._by_signature.get(lookup.signature)
+        if leader is not None and leader.lookup.prefix_len == lookup.prefix_len:
+            load.leader = leader
+            leader.followers.append(load)
+            self._by_req[req_id] = load
+            self._stats["shared_loads"] += 1
+            return True
+        if not self._prepare(load):
+            self.cache.unlock(handle)
+            self._stats["failures_prepare"] += 1
+            return False
+        pools = [
+            PoolPages(keys=self.store_keys(t, lookup.namespace), codec=self.offload.codec(t.name),
+                      write=pool_writer(self.cache.pool(t.name), t))
+            for t in load.transfers if t is not None
+        ]
+        load.job_id = self._worker.submit_load(pools)
+        self._submitted.append(load.job_id)
+        self._loads[load.job_id] = load
+        self._by_req[req_id] = load
+        self._by_signature[lookup.signature] = load
+        self._stats["loads_started"] += 1
+        return True
+
+    def _prepare(self, load: Load) -> bool:
+        """LOAD + PREPARE on every taking-part component; on a refusal ABORT the prepared
+        ones in reverse order and report False."""
+        keys, prefix = load.lookup.keys, load.lookup.prefix_len
+        full: PoolTransfer | None = None
+        for component in self._components:
+            transfer = component.build_external_linker_transfer(LinkerTransferPhase.LOAD, None,
+                                                                 keys)
+            if transfer is not None:
+                if full is None:
+                    full = transfer
+                transfer = component.update_external_linker_load(
+                    _PREPARE, load, full, transfer, prefix)
+            if transfer is None and component.build_external_linker_transfer(
+                    LinkerTransferPhase.LOOKUP, None, keys) is not None:
+                self._abort_transfers(load)
+                return False
+            load.transfers.append(transfer)
+        return full is not None
+
+    def _abort_transfers(self, load: Load) -> None:
+        full = load.transfers[0] if load.transfers else None
+        for component, transfer in reversed(list(zip(self._components, load.transfers))):
+            if transfer is not None:
+                component.update_external_linker_load(
+                    _ABORT, load, full, transfer, load.lookup.prefix_len)
+        load.transfers = []
+
+    # ---------------------------------------------------------------- completions
+
+    def poll(self) -> list[LoadOutcome]:
+        """Finished loads (and finished offloads' bookkeeping) since the last call."""
+        self._process(self._worker.drain())
+        self._expire()
+        return self._take_ready()
+
+    def wait_load(self, req_id: Any, timeout: float | None = None) -> LoadOutcome:
+        """Block until the load of ``req_id`` finishes (or times out) and return its outcome.
+
+        Raises:
+            ValueError: no load was started for ``req_id`` (or its outcome was already taken).
+        """
+        if req_id not in self._by_req and req_id not in self._ready:
+            raise ValueError(f"no load in flight for request {req_id!r}; call load() first")
+        limit = self.load_timeout_s if timeout is None else min(timeout, self.load_timeout_s)
+        deadline = time.monotonic() + limit
+        while req_id not in self._ready:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._fail_late(self._by_req[req_id])
+                break
+            self._process(self._worker.drain(block_for=min(left, 0.05)))
+        outcome = self._ready.pop(req_id)
+        return outcome
+
+    def _take_ready(self) -> list[LoadOutcome]:
+        out = list(self._ready.values())
+        self._ready.clear()
+        return out
+
+    def _process(self, completions: list[Completion]) -> None:
+        """Apply completions strictly in submission order, so every rank applies (and agrees
+        on) them in the same sequence."""
+        for done in completions:
+            self._completions[done.job_id] = done
+        while self._submitted and self._submitted[0] in self._completions:
+            job_id = self._submitted.pop(0)
+            done = self._completions.pop(job_id)
+            if done.kind == "load":
+                self._finish_load(self._loads.pop(job_id), done)
+            else:
+                self.offload.finish(done)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for load in list(self._by_req.values()):
+            if not load.delivered and now - load.started > self.load_timeout_s:
+                self._fail_late(load)
+
+    def _fail_late(self, load: Load) -> None:
+        """The load ran past its timeout: the caller gets a failed outcome now; the reserved
+        slots stay held until the worker returns (its completion ABORTs them)."""
+        leader = load.leader or load
+        if leader.job_id is not None and not leader.timed_out:
+            leader.timed_out = True
+            self._worker.cancel(leader.job_id)
+            self._stats["failures_timeout"] += 1
+        for member in [leader, *leader.followers]:
+            self._deliver_failure(member, "timeout")
+
+    def _finish_load(self, load: Load, done: Completion) -> None:
+        ok = self.ranks.all_ok(done.ok and not load.timed_out and not self._closed)
+        if done.status is TransferStatus.CORRUPT:
+            self._stats["checksum_misses"] += 1
+        if not ok:
+            self._stats["failures_load"] += 1
+            self._abort_transfers(load)
+            self._by_signature.pop(load.lookup.signature, None)
+            for member in [load, *load.followers]:
+                self._deliver_failure(member, done.detail or done.status.value)
+            return
+        self._publish(load)
+        self._stats["loaded_bytes"] += done.num_bytes
+        self._stats["loaded_pages"] += load.lookup.num_pages
+        self._by_signature.pop(load.lookup.signature, None)
+        for member in [load, *load.followers]:
+            self._deliver_success(member)
+
+    def _publish(self, load: Load) -> None:
+        """Insert the verified pages (tracking adoption), then COMMIT every component."""
+        lookup, prefix = load.lookup, load.lookup.prefix_len
+        full = load.transfers[0]
+        assert full is not None and full.device_indices is not None, "a load without FULL"
+        device = self.cache.match_prefix(lookup.tokens[:prefix], namespace=lookup.namespace)
+        mamba = next((t for t in load.transfers if t is not None and t.name is PoolName.MAMBA),
+                     None)
+        params = InsertParams(
+            key=lookup.tokens,
+            value=torch.cat([device.device_indices[:prefix], full.device_indices]),
+            prev_prefix_len=prefix,
+            swa_evicted_seqlen=load.swa_evicted_seqlen,
+            mamba_value=None if mamba is None else int(mamba.device_indices.reshape(-1)[0]),
+            track_adopted_ranges=True,
+            namespace=lookup.namespace,
+        )
+        if device.mamba_slot is not None:
+            self.cache.free_state(device.mamba_slot)
+        self._publishing = True
+        try:
+            result = self.cache.insert(params)
+        finally:
+            self._publishing = False
+        for component, transfer in zip(self._components, load.transfers):
+            if transfer is not None:
+                component.update_external_linker_load(
+                    _COMMIT, load, full, transfer, prefix, insert_result=result,
+                    canonical_full=None)
+        self.offload.mark_loaded(result.last_node, prefix)
+
+    def _deliver_success(self, load: Load) -> None:
+        lookup = load.lookup
+        match = self.cache.match_prefix(lookup.tokens, namespace=lookup.namespace)
+        handle = self.cache.lock(match.last_node)
+        self.cache.unlock(load.handle)
+        self._finish(load, LoadOutcome(
+            req_id=load.req_id, ok=True, prefix_len=match.prefix_len,
+            device_indices=match.device_indices, last_node=match.last_node, lock=handle,
+            loaded_len=max(0, match.prefix_len - lookup.prefix_len), match=match,
+        ))
+
+    def _deliver_failure(self, load: Load, reason: str) -> None:
+        if load.delivered:
+            return
+        lookup = load.lookup
+        match = self.cache.match_prefix(lookup.tokens[: lookup.prefix_len],
+                                        namespace=lookup.namespace)
+        if match.mamba_slot is not None:
+            self.cache.free_state(match.mamba_slot)
+        self._finish(load, LoadOutcome(
+            req_id=load.req_id, ok=False, prefix_len=match.prefix_len,
+            device_indices=match.device_indices, last_node=load.handle.node, lock=load.handle,
+            reason=reason,
+        ))
+
+    def _finish(self, load: Load, outcome: LoadOutcome) -> None:
+        load.delivered = True
+        self._by_req.pop(load.req_id, None)
+        if self._closed:
+            self.cache.unlock(outcome.lock)
+            if outcome.match is not None and outcome.match.mamba_slot is not None:
+                self.cache.free_state(outcome.match.mamba_slot)
+            return
+        self._ready[load.req_id] = outcome
+
+    # ---------------------------------------------------------------- insert hook, lifecycle
+
+    def on_insert(self, params: InsertParams, result: Any) -> None:
+        """Called by ``cache.insert``: count hits and start offloads by the write policy."""
+        if not self._publishing:
+            self.offload.on_insert(params, result)
+        self._process(self._worker.drain())
+
+    def before_evict(self, node: Any) -> None:
+        """Called by the cache just before eviction frees ``node``'s device data."""
+        self.offload.before_evict(node)
+
+    def submit_offload(self, pools: list[PoolPages]) -> int:
+        job_id = self._worker.submit_offload(pools)
+        self._submitted.append(job_id)
+        return job_id
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for in-flight offloads (and loads) and apply their results; False on timeout."""
+        idle = self._worker.wait_idle(timeout)
+        self._process(self._worker.drain())
+        return idle
+
+    def close(self) -> None:
+        """Quiesce every transfer, ABORT loads not yet published, then release every lock the
+        linker holds (in that order). Idempotent."""
+        if self._closed:
+            return
+        self._worker.wait_idle(self.load_timeout_s)
+        self._closed = True
+        self._process(self._worker.drain())
+        for load in list(self._by_req.values()):
+            self._deliver_failure(load, "closed")
+        for outcome in self._take_ready():
+            self.cache.unlock(outcome.lock)
+            if outcome.match is not None and outcome.match.mamba_slot is not None:
+                self.cache.free_state(outcome.match.mamba_slot)
+        self._worker.close()
+        self.cache.detach_linker(self)
+        if self._owns_store:
+            self.store.close()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: lookups, hit pages, loads, loaded pages/bytes, offloads, offloaded
+        pages/bytes, dropped offloads, failures by phase, checksum misses."""
+        out: dict[str, Any] = dict(self._stats)
+        out.update(self.offload.stats())
+        out["loads_in_flight"] = len(self._loads)
+        out["pending_transfers"] = self._worker.pending
+        return out
+
+    def count(self, name: str, n: int = 1) -> None:
+        self._stats[name] += n

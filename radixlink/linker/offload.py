@@ -1,0 +1,213 @@
+"""The offload side of the linker: write policies, the in-flight byte budget, stored marks and
+their revalidation (DESIGN.md section 5b, "Offload").
+
+Owns when nodes are exported and how their marks change. Must not free or allocate slots:
+page data is copied out synchronously, the store write runs on the linker's worker.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+from radixlink.contract import InsertParams, LinkerTransferPhase, PoolName
+from radixlink.errors import StoreError
+from radixlink.linker.records import (
+    Offload,
+    pool_fingerprint,
+    pool_page_bytes,
+    pool_payloads,
+    pool_replicated,
+)
+from radixlink.linker.worker import Completion, PoolPages
+from radixlink.stores.codec import PageCodec
+
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+
+
+class OffloadPolicy:
+    """Decides which nodes go to the store and tracks them until the store confirms.
+
+    Args:
+        linker: the owning ``ExternalCacheLinker`` (store keys, worker, ranks, counters).
+        write_policy: one of ``WRITE_POLICIES``.
+        threshold: hits before a ``write_through_selective`` offload (``write_through``
+            uses 1: a node's creating insert counts as its first hit).
+        max_inflight_bytes: bytes of offloads in flight before new ones are dropped.
+        revalidate_after_s: age after which a stored mark is re-checked on a hit.
+    """
+
+    def __init__(self, linker: Any, *, write_policy: str, threshold: int,
+                 max_inflight_bytes: int, revalidate_after_s: float):
+        if write_policy not in WRITE_POLICIES:
+            raise ValueError(f"write_policy must be one of {WRITE_POLICIES}, got {write_policy!r}")
+        if not isinstance(threshold, int) or threshold < 1:
+            raise ValueError(f"write_through_threshold must be an int >= 1, got {threshold!r}")
+        if max_inflight_bytes <= 0:
+            raise ValueError(f"max_inflight_bytes must be positive, got {max_inflight_bytes}")
+        self.linker = linker
+        self.write_policy = write_policy
+        self.threshold = 1 if write_policy == "write_through" else threshold
+        self.max_inflight_bytes = max_inflight_bytes
+        self.revalidate_after_s = revalidate_after_s
+        self._codecs: dict[PoolName, PageCodec] = {}
+        self._inflight: dict[int, Offload] = {}
+        self._inflight_bytes = 0
+        self._next_ticket = 0
+        self._stats: Counter[str] = Counter()
+
+    # ---------------------------------------------------------------- pools
+
+    def codec(self, name: PoolName) -> PageCodec:
+        codec = self._codecs.get(name)
+        if codec is None:
+            pool = self.linker.cache.pool(name)
+            if pool is None:
+                raise ValueError(f"the cache has no {name.value} pool; build it with a layout")
+            codec = PageCodec(pool_fingerprint(pool, name), pool_page_bytes(pool))
+            self._codecs[name] = codec
+        return codec
+
+    def replicated(self, name: PoolName) -> bool:
+        pool = self.linker.cache.pool(name)
+        return pool is not None and pool_replicated(pool)
+
+    def jobs(self) -> list[int]:
+        return list(self._inflight)
+
+    # ---------------------------------------------------------------- triggers
+
+    def on_insert(self, params: InsertParams, result: Any) -> None:
+        """Count the insert's hit and offload the deepest node that reached the threshold."""
+        node = result.last_node
+        if params.chunked or node is None or node.parent is None:
+            return
+        if result.prefix_len < node.seq_len:
+            node.hit_count += 1  # NOTE: the creating insert counts as the new leaf's first hit
+        self._revalidate(node)
+        if self.write_policy == "write_back":
+            return
+        while node.parent is not None and node.hit_count < self.threshold:
+            node = node.parent
+        if node.parent is not None:
+            self.offload_chain(self.linker.cache.tree.backup_chain(node))
+
+    def before_evict(self, node: Any) -> None:
+        """write_back: export ``node`` (and unstored ancestors) before its data is freed."""
+        if self.write_policy == "write_back" and not node.external_cache_stored:
+            self.offload_chain(self.linker.cache.tree.backup_chain(node))
+
+    def offload_chain(self, chain: list[Any]) -> bool:
+        """Copy out and queue the pages of ``chain`` (ancestors first) in one store write.
+
+        Returns False when nothing was queued (nothing to write, or over the byte budget).
+        """
+        if not chain:
+            return False
+        pools: dict[PoolName, tuple[list[str], list[Any]]] = {}
+        num_pages = 0
+        for node in chain:
+            for component in self.linker.cache.components:
+                transfer = component.build_external_linker_transfer(
+                    LinkerTransferPhase.OFFLOAD, node, node.hash_value)
+                if transfer is None:
+                    continue
+                if self.replicated(transfer.name) and self.linker.ranks.rank != 0:
+                    continue  # NOTE: identical bytes on every rank are written by rank 0 only
+                keys, payloads = pools.setdefault(transfer.name, ([], []))
+                keys.extend(self.linker.store_keys(transfer))
+                payloads.extend(pool_payloads(self.linker.cache.pool(transfer.name), transfer))
+                num_pages += len(transfer.keys)
+        num_bytes = sum(int(p.numel()) for _, payloads in pools.values() for p in payloads)
+        if self._inflight_bytes + num_bytes > self.max_inflight_bytes:
+            self._stats["dropped_offloads"] += 1
+            return False
+        self._next_ticket += 1
+        ticket = self._next_ticket
+        for node in chain:
+            node.offload_inflight = ticket
+        job = [PoolPages(keys=keys, codec=self.codec(name), payloads=payloads)
+               for name, (keys, payloads) in pools.items()]
+        job_id = self.linker.submit_offload(job)
+        self._inflight[job_id] = Offload(ticket=ticket, nodes=list(chain), num_bytes=num_bytes,
+                                         num_pages=num_pages)
+        self._inflight_bytes += num_bytes
+        self._stats["offloads"] += 1
+        return True
+
+    # ---------------------------------------------------------------- completions and marks
+
+    def finish(self, done: Completion) -> None:
+        """Mark every node (and split fragment) of a finished offload stored, when every rank's
+        write succeeded; otherwise clear the in-flight mark so a later hit retries."""
+        offload = self._inflight.pop(done.job_id)
+        self._inflight_bytes -= offload.num_bytes
+        ok = self.linker.ranks.all_ok(done.ok)
+        if ok:
+            self._stats["offloaded_pages"] += offload.num_pages
+            self._stats["offloaded_bytes"] += done.num_bytes
+        else:
+            self._stats["failures_offload"] += 1
+        now = time.monotonic()
+        for node in offload.nodes:
+            while node is not None and node.offload_inflight == offload.ticket:
+                node.offload_inflight = 0
+                if ok and node.seq_len >= 0:
+                    node.external_cache_stored = True
+                    node.stored_at = now
+                node = node.parent  # split fragments sit above the node they were cut from
+
+    def mark_loaded(self, last_node: Any, prefix_len: int) -> None:
+        """Pages just loaded from the store are in the store: mark their nodes."""
+        now, node = time.monotonic(), last_node
+        while node is not None and node.parent is not None and node.seq_len > prefix_len:
+            node.external_cache_stored = True
+            node.stored_at = now
+            node = node.parent
+
+    def _revalidate(self, node: Any) -> None:
+        """Re-check, with one presence call, stale stored marks on ``node``'s path; pages the
+        store lost are unmarked (and so offloaded again by the trigger that follows)."""
+        limit = time.monotonic() - self.revalidate_after_s
+        stale = []
+        while node.parent is not None:
+            if node.external_cache_stored and (node.stored_at or 0.0) <= limit:
+                stale.append(node)
+            node = node.parent
+        if not stale:
+            return
+        keys_per_node = []
+        for item in stale:
+            keys: list[str] = []
+            for component in self.linker.cache.components:
+                transfer = component.build_external_linker_transfer(
+                    LinkerTransferPhase.OFFLOAD, item, item.hash_value)
+                if transfer is not None:
+                    keys.extend(self.linker.store_keys(transfer))
+            keys_per_node.append(keys)
+        try:
+            present = self.linker.store.exists([k for keys in keys_per_node for k in keys])
+        except StoreError:
+            self._stats["failures_revalidate"] += 1
+            return
+        self._stats["revalidations"] += 1
+        pos, now = 0, time.monotonic()
+        for item, keys in zip(stale, keys_per_node):
+            if all(present[pos : pos + len(keys)]):
+                item.stored_at = now
+            else:
+                item.external_cache_stored = False
+                item.stored_at = None
+                self._stats["lost_nodes"] += 1
+            pos += len(keys)
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self._stats)
+        out["inflight_offload_bytes"] = self._inflight_bytes
+        misses: Counter[str] = Counter()
+        for codec in self._codecs.values():
+            misses.update({k: v for k, v in codec.stats().items() if k not in ("encoded",
+                                                                               "decoded")})
+        out["codec_misses"] = dict(misses)
+        return out

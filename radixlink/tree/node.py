@@ -1,0 +1,219 @@
+"""Tree records: the node, the lock receipt, and the effect/context records of one tree call.
+
+Owns plain data only. Behaviour lives in tree.py (structure) and in the components (data).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NewType
+
+import torch
+
+from radixlink.contract import ComponentType, InsertParams, InsertResult
+
+NodeId = NewType("NodeId", int)
+
+
+class TreeNode:
+    """One radix-tree node. Its edge ``key`` is a whole number of pages (packed bytes).
+
+    Per-component state is indexed by the component's position in the tree (0 = backbone):
+    ``values[i]`` is the component's data for this node's tokens (None = tombstone: the node
+    stays, that component's data is gone) and ``lock_refs[i]`` its lock count.
+    ``evict_entries[i]`` is the node's live entry in component i's evictable set, or None.
+
+    ``seq_len`` is the number of tokens from the root through the end of this node; it is -1
+    once the node has been removed from the tree.
+    """
+
+    __slots__ = (
+        "node_id",
+        "key",
+        "parent",
+        "children",
+        "seq_len",
+        "values",
+        "lock_refs",
+        "evict_entries",
+        "hash_value",
+        "hit_count",
+        "last_access",
+        "external_cache_stored",
+        "stored_at",
+        "offload_inflight",
+        "namespace",
+    )
+
+    def __init__(self, node_id: int, key: bytes, parent: TreeNode | None, num_components: int):
+        self.node_id = NodeId(node_id)
+        self.key = key
+        self.parent = parent
+        self.children: dict[bytes, TreeNode] = {}
+        self.seq_len = 0
+        self.values: list[Any] = [None] * num_components
+        self.lock_refs: list[int] = [0] * num_components
+        self.evict_entries: list[Any] = [None] * num_components
+        self.hash_value: list[str] | None = None
+        self.hit_count = 0
+        self.last_access = 0
+        self.external_cache_stored = False
+        self.stored_at: float | None = None  # time.monotonic() of the confirming offload/load
+        self.offload_inflight = 0  # 0, or the linker's ticket of the offload covering this node
+        self.namespace: Any = None  # roots only: the namespace whose chain starts here
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.key) >> 2
+
+    @property
+    def start(self) -> int:
+        """Absolute token offset where this node's key begins."""
+        return self.seq_len - (len(self.key) >> 2)
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None and self.seq_len == 0
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    def __repr__(self) -> str:
+        return (
+            f"TreeNode(id={self.node_id}, tokens=[{self.start}, {self.seq_len}), "
+            f"children={len(self.children)}, locks={self.lock_refs})"
+        )
+
+
+class LockHandle:
+    """A receipt for one ``lock``; ``unlock`` takes it back exactly once.
+
+    ``parts`` holds each component's own receipt (e.g. which window an SWA lock covered).
+    A handle on a root is valid and protects nothing.
+    """
+
+    __slots__ = ("node", "parts", "owner", "handle_id", "released")
+
+    def __init__(self, node: TreeNode, parts: tuple[Any, ...], owner: object, handle_id: int):
+        self.node = node
+        self.parts = parts
+        self.owner = owner
+        self.handle_id = handle_id
+        self.released = False
+
+    def __repr__(self) -> str:
+        state = "released" if self.released else "held"
+        return f"LockHandle(id={self.handle_id}, node={self.node.node_id}, {state})"
+
+
+class Effects:
+    """What one tree call decided about slots, per component index; the facade applies it.
+
+    Attributes:
+        adopted: values the tree took from the caller (caller-held -> tree-owned).
+        dropped: caller values the tree did not take (duplicates: caller-held -> free).
+        freed: values that left the tree (evicted, replaced: tree-owned -> free).
+        num_freed: per component, units freed so far in this call (tokens, or states).
+    """
+
+    __slots__ = ("adopted", "dropped", "freed", "num_freed")
+
+    def __init__(self, num_components: int):
+        self.adopted: list[list[Any]] = [[] for _ in range(num_components)]
+        self.dropped: list[list[Any]] = [[] for _ in range(num_components)]
+        self.freed: list[list[Any]] = [[] for _ in range(num_components)]
+        self.num_freed = [0] * num_components
+
+    def is_empty(self) -> bool:
+        return not any(self.adopted) and not any(self.dropped) and not any(self.freed)
+
+
+class MatchPath:
+    """The read-only outcome of a tree walk.
+
+    Attributes:
+        nodes: the nodes the accepted prefix passes through, root excluded; the last one may be
+            covered only partly (``node_offset`` tokens).
+        prefix_len: accepted tokens (page aligned).
+        last_node: where the accepted prefix ends (the root for an empty match).
+        node_offset: tokens of ``last_node`` covered by the prefix.
+    """
+
+    __slots__ = ("nodes", "prefix_len", "last_node", "node_offset")
+
+    def __init__(self, nodes: list[TreeNode], prefix_len: int, last_node: TreeNode, offset: int):
+        self.nodes = nodes
+        self.prefix_len = prefix_len
+        self.last_node = last_node
+        self.node_offset = offset
+
+
+class InsertContext:
+    """One insert as the component hooks see it.
+
+    Token ranges are absolute and half-open. The caller's slots for ``[0, aligned_len)`` are
+    ``value[:aligned_len]``; below ``prev_prefix_len`` they are the tree's own already.
+
+    ::
+
+        key     |----------------- aligned_len ---------------|tail|
+        value   |== tree's own ==|------ caller's fresh ------|    |
+                0          prev_prefix_len
+    """
+
+    __slots__ = (
+        "key",
+        "value",
+        "aligned_len",
+        "prev_prefix_len",
+        "params",
+        "result",
+        "effects",
+        "track",
+        "backbone_adopted",
+    )
+
+    def __init__(
+        self,
+        key: bytes,
+        value: torch.Tensor,
+        aligned_len: int,
+        params: InsertParams,
+        result: InsertResult,
+        effects: Effects,
+    ):
+        self.key = key
+        self.value = value
+        self.aligned_len = aligned_len
+        self.prev_prefix_len = params.prev_prefix_len
+        self.params = params
+        self.result = result
+        self.effects = effects
+        self.track = params.track_adopted_ranges
+        self.backbone_adopted: list[tuple[int, int]] = []
+
+    def adopt(self, index: int, component: ComponentType, start: int, end: int, value: Any) -> None:
+        """Record that component ``index`` took the caller's data for ``[start, end)``."""
+        self.effects.adopted[index].append(value)
+        if index == 0:
+            self.backbone_adopted.append((start, end))
+        if self.track:
+            self.result.record_adopted_range(component, start, end)
+
+    def drop_duplicates(self) -> None:
+        """Caller pages in ``[prev_prefix_len, aligned_len)`` that no component adopted into
+        the backbone duplicate pages the tree holds: hand them back for freeing.
+
+        ::
+
+            caller  |== own ==|--dup--|--adopted (unevict)--|--dup--|--adopted (leaf)--|
+                    0        prev                                                  aligned
+        """
+        pos, end, value = self.prev_prefix_len, self.aligned_len, self.value
+        dropped = self.effects.dropped[0]
+        for start, stop in sorted(self.backbone_adopted):
+            if start > pos:
+                dropped.append(value[pos:start])
+            pos = max(pos, stop)
+        if pos < end:
+            dropped.append(value[pos:end])

@@ -1,0 +1,360 @@
+"""The radix tree core: walk, match, insert, split, lock, evict and the offload chain.
+
+Owns structure (keys, parents, children, sizes), the per-tree clock, hit counts and page hashes.
+Never names a component and never touches allocators: slot decisions come back as ``Effects``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from radixlink.contract import InsertParams, InsertResult
+from radixlink.hashing import namespace_id, page_hashes
+from radixlink.tree.keys import TOKEN_BYTES, common_prefix_bytes, key_tokens
+from radixlink.tree.node import Effects, InsertContext, LockHandle, MatchPath, TreeNode
+from radixlink.tree.protocol import Component
+
+
+class RadixTree:
+    """A radix tree over whole pages with per-component data on each node.
+
+    Args:
+        components: the components, backbone first (its data says which tokens are cached).
+        page_size: tokens per page; every edge key is a whole number of pages.
+        hashing: compute ``node.hash_value`` (one hex hash per page, chained from the parent)
+            for new nodes. Off costs nothing.
+        hash_algo: the page hash function when hashing.
+        namespace: the default namespace (its chain seed starts the main root's hashes).
+    """
+
+    def __init__(
+        self,
+        components: Sequence[Component],
+        page_size: int,
+        *,
+        hashing: bool = False,
+        hash_algo: str = "sha256",
+        namespace: Any = None,
+    ):
+        if not components:
+            raise ValueError("a tree needs at least one component (the backbone)")
+        self.page_size = page_size
+        self.page_bytes = page_size * TOKEN_BYTES
+        self.components: tuple[Component, ...] = tuple(components)
+        self.num_components = len(self.components)
+        self.hashing = hashing
+        self.hash_algo = hash_algo
+        self.clock = 0
+        self.num_nodes = 0
+        # NOTE: set while a linker is attached (write-back offload); one None check per victim.
+        self.before_evict: Callable[[TreeNode], None] | None = None
+        self._next_id = 0
+        self._next_handle = 0
+        self._handles: dict[int, LockHandle] = {}
+        self._root_ids: set[int] = set()
+        self.root = self._new_root(namespace)
+        self._roots: dict[str, TreeNode] = {namespace_id(namespace): self.root}
+        for index, component in enumerate(self.components):
+            component.bind(self, index)
+
+    # ------------------------------------------------------------------ match
+
+    def match(self, key: bytes, namespace: Any = None) -> MatchPath:
+        """The longest whole-page prefix of ``key`` that every component accepts.
+
+        Read-only except for recency: the accepted path's ``last_access`` moves to a new
+        clock tick. Never splits; the prefix may end inside ``last_node``.
+        """
+        root = self.root if namespace is None else self._roots.get(namespace_id(namespace))
+        if root is None:
+            return MatchPath([], 0, self.root, 0)
+        nodes, matched = self._walk(root, key, len(key) - len(key) % self.page_bytes)
+        limit = matched >> 2
+        components = self.components
+        if len(components) == 1:
+            limit = components[0].match_accept(nodes, limit)
+        else:
+            while True:  # boundaries each component accepts need not be downward closed
+                start = limit
+                for component in components:
+                    limit = component.match_accept(nodes, limit)
+                if limit == start:
+                    break
+        while nodes and nodes[-1].seq_len - (len(nodes[-1].key) >> 2) >= limit:
+            nodes.pop()
+        self.clock += 1
+        clock = self.clock
+        for node in nodes:
+            node.last_access = clock
+        if not nodes:
+            return MatchPath(nodes, 0, root, 0)
+        last = nodes[-1]
+        return MatchPath(nodes, limit, last, limit - last.seq_len + (len(last.key) >> 2))
+
+    def _walk(self, root: TreeNode, key: bytes, limit: int) -> tuple[list[TreeNode], int]:
+        """Nodes whose keys match ``key[:limit]`` page by page, and the matched bytes; the
+        last node may match only partly."""
+        pb = self.page_bytes
+        nodes: list[TreeNode] = []
+        node, pos = root, 0
+        while pos < limit:
+            child = node.children.get(key[pos : pos + pb])
+            if child is None:
+                break
+            ckey = child.key
+            end = pos + len(ckey)
+            nodes.append(child)
+            if end <= limit and key[pos:end] == ckey:
+                node, pos = child, end
+                continue
+            pos += common_prefix_bytes(ckey, key[:limit], pos, pb)
+            break
+        return nodes, pos
+
+    # ------------------------------------------------------------------ insert
+
+    def insert(
+        self, key: bytes, value: torch.Tensor, params: InsertParams, aligned_len: int
+    ) -> tuple[InsertResult, Effects]:
+        """Insert ``key[:aligned_len]`` with the caller's ``value`` (DESIGN.md section 4).
+
+        The caller's slots below ``params.prev_prefix_len`` are the tree's own; above it, pages
+        the tree already holds are duplicates (``Effects.dropped``), tombstones adopt the
+        caller's data (unevict) and the rest becomes a new leaf (``Effects.adopted``).
+
+        Raises:
+            ValueError: ``prev_prefix_len`` exceeds what the tree holds of this key; nothing
+                changed.
+        """
+        namespace = params.namespace
+        root = self.root if namespace is None else self._roots.get(namespace_id(namespace))
+        nodes, matched = ([], 0) if root is None else self._walk(root, key, aligned_len << 2)
+        matched >>= 2
+        prev = params.prev_prefix_len
+        held = self.components[0].match_accept(nodes, matched) if prev else 0
+        if held < prev:
+            raise ValueError(
+                f"prev_prefix_len={prev} but the tree holds only {held} tokens of this key; "
+                "pass the prefix_len of a match whose last_node you locked"
+            )
+        if root is None:  # a new namespace: created only once the insert is known to be valid
+            root = self._roots[namespace_id(namespace)] = self._new_root(namespace)
+        if nodes and matched < nodes[-1].seq_len:
+            nodes[-1] = self._split(nodes[-1], matched - nodes[-1].start)
+        effects = Effects(self.num_components)
+        result = InsertResult(prefix_len=matched)
+        ctx = InsertContext(key, value, aligned_len, params, result, effects)
+        self.clock += 1
+        clock, hit = self.clock, not params.chunked
+        components = self.components
+        for node in nodes:
+            node.last_access = clock
+            if hit:
+                node.hit_count += 1
+            start, end = node.seq_len - (len(node.key) >> 2), node.seq_len
+            for component in components:
+                if node.values[component.index] is None:
+                    component.insert_unevict(ctx, node, start, end)
+                else:
+                    component.insert_overlap(ctx, node, start, end)
+        last = nodes[-1] if nodes else root
+        if matched < aligned_len:
+            leaf = self._add_leaf(last, key[matched * TOKEN_BYTES : aligned_len * TOKEN_BYTES])
+            leaf.last_access = clock
+            for component in components:
+                component.insert_leaf(ctx, leaf)
+            for component in components:
+                component.refresh(last)
+                component.refresh(leaf)
+            last = leaf
+        for component in components:
+            component.insert_done(ctx, last)
+        if aligned_len > prev:
+            ctx.drop_duplicates()
+        result.last_node = last
+        return result, effects
+
+    def _add_leaf(self, parent: TreeNode, key: bytes) -> TreeNode:
+        self._next_id += 1
+        leaf = TreeNode(self._next_id, key, parent, self.num_components)
+        leaf.seq_len = parent.seq_len + (len(key) >> 2)
+        parent.children[key[: self.page_bytes]] = leaf
+        self.num_nodes += 1
+        if self.hashing:
+            if parent.hash_value:
+                chain_parent, namespace = parent.hash_value[-1], None
+            else:  # a root: the chain starts from its namespace seed
+                chain_parent, namespace = None, parent.namespace
+            leaf.hash_value = page_hashes(
+                key_tokens(key),
+                self.page_size,
+                namespace,
+                parent=chain_parent,
+                algo=self.hash_algo,
+            )
+        return leaf
+
+    def _split(self, node: TreeNode, num_tokens: int) -> TreeNode:
+        """Cut the first ``num_tokens`` (whole pages) of ``node`` into a new parent; ``node``
+        keeps the rest, so handles and references to it stay valid. Returns the new parent."""
+        assert 0 < num_tokens < node.num_tokens and num_tokens % self.page_size == 0, (
+            f"split of {node} at {num_tokens} tokens"
+        )
+        cut = num_tokens * TOKEN_BYTES
+        old_parent = node.parent
+        assert old_parent is not None, f"split of a root {node}"
+        self._next_id += 1
+        parent = TreeNode(self._next_id, node.key[:cut], old_parent, self.num_components)
+        parent.seq_len = node.start + num_tokens
+        parent.hit_count = node.hit_count
+        parent.last_access = node.last_access
+        parent.external_cache_stored = node.external_cache_stored
+        parent.stored_at = node.stored_at
+        parent.offload_inflight = node.offload_inflight
+        if node.hash_value is not None:
+            pages = num_tokens // self.page_size
+            parent.hash_value = node.hash_value[:pages]
+            node.hash_value = node.hash_value[pages:]
+        pb = self.page_bytes
+        old_parent.children[parent.key[:pb]] = parent
+        node.key = node.key[cut:]
+        node.parent = parent
+        parent.children[node.key[:pb]] = node
+        self.num_nodes += 1
+        for component in self.components:
+            component.split(parent, node)
+        return parent
+
+    # ------------------------------------------------------------------ removal / eviction
+
+    def evict(self, targets: Sequence[int]) -> Effects:
+        """Ask each component (backbone first) to free until ``targets[i]`` units are freed."""
+        effects = Effects(self.num_components)
+        for component, target in zip(self.components, targets, strict=True):
+            if target > effects.num_freed[component.index]:
+                component.evict(target, effects)
+        return effects
+
+    def remove_leaf(self, node: TreeNode, effects: Effects) -> None:
+        """Remove leaf ``node`` (every component releases its data into ``effects``); a parent
+        left as a leaf holding only tombstones goes too. ``before_evict`` (if set) sees each
+        node that still holds backbone data first, while that data is intact."""
+        while True:
+            assert not node.children and node.parent is not None, f"remove_leaf({node})"
+            assert not any(node.lock_refs), f"remove_leaf of locked {node}"
+            if self.before_evict is not None and node.values[0] is not None:
+                self.before_evict(node)
+            for component in self.components:
+                component.release(node, effects)
+            parent = node.parent
+            del parent.children[node.key[: self.page_bytes]]
+            node.parent = None
+            node.seq_len = -1
+            self.num_nodes -= 1
+            if parent.parent is None or parent.children:
+                return
+            if any(v is not None for v in parent.values) or any(parent.lock_refs):
+                for component in self.components:
+                    component.refresh(parent)
+                return
+            node = parent
+
+    def tombstone(self, node: TreeNode, index: int, effects: Effects) -> None:
+        """Release component ``index``'s data on ``node``, keeping the node for the others.
+        The backbone's data goes with every component's (they all depend on it). A leaf left
+        holding only tombstones is removed."""
+        assert node.parent is not None, f"tombstone of a root {node}"
+        if index == 0 and self.before_evict is not None and node.values[0] is not None:
+            self.before_evict(node)
+        released = self.components if index == 0 else (self.components[index],)
+        for component in released:
+            component.release(node, effects)
+        if not node.children and not any(node.lock_refs) and all(v is None for v in node.values):
+            self.remove_leaf(node, effects)
+            return
+        for component in self.components:
+            component.refresh(node)
+
+    # ------------------------------------------------------------------ locks
+
+    def lock(self, node: TreeNode) -> LockHandle:
+        """Protect ``node`` for a request; returns the receipt for ``unlock``.
+
+        Raises:
+            ValueError: ``node`` was removed from the tree or belongs to another tree.
+        """
+        if not isinstance(node, TreeNode) or node.seq_len < 0:
+            raise ValueError(f"cannot lock {node!r}: it was evicted; match again and lock")
+        top = node
+        while top.parent is not None:
+            top = top.parent
+        if id(top) not in self._root_ids:
+            raise ValueError(f"cannot lock {node!r}: it belongs to another cache")
+        parts = () if node is top else tuple(c.lock(node) for c in self.components)
+        self._next_handle += 1
+        handle = LockHandle(node, parts, self, self._next_handle)
+        self._handles[handle.handle_id] = handle
+        return handle
+
+    def unlock(self, handle: LockHandle) -> None:
+        """Release a ``lock`` receipt.
+
+        Raises:
+            ValueError: ``handle`` was already released or is not from this tree.
+        """
+        if not isinstance(handle, LockHandle) or handle.owner is not self:
+            raise ValueError(f"unlock of {handle!r}: not a lock handle of this cache")
+        if handle.released:
+            raise ValueError(f"unlock of {handle!r}: it was already released (unlock once)")
+        handle.released = True
+        del self._handles[handle.handle_id]
+        # NOTE: a root handle has no parts: zip stops at once.
+        for component, receipt in zip(self.components, handle.parts, strict=False):
+            component.unlock(handle.node, receipt)
+
+    def live_handles(self) -> list[LockHandle]:
+        return list(self._handles.values())
+
+    # ------------------------------------------------------------------ linker support
+
+    def backup_chain(self, node: TreeNode) -> list[TreeNode]:
+        """Nodes to offload for ``node``: ancestors first, starting below the nearest ancestor
+        already stored or in flight (empty if ``node`` itself is)."""
+        chain: list[TreeNode] = []
+        while node.parent is not None and not (node.external_cache_stored or node.offload_inflight):
+            chain.append(node)
+            node = node.parent
+        chain.reverse()
+        return chain
+
+    # ------------------------------------------------------------------ traversal
+
+    def roots(self) -> list[TreeNode]:
+        return list(self._roots.values())
+
+    def iter_nodes(self) -> Iterator[TreeNode]:
+        """Every non-root node, parents before children."""
+        stack = [child for root in self._roots.values() for child in root.children.values()]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def path_to(self, node: TreeNode) -> list[TreeNode]:
+        """Nodes from below the root down to ``node`` (empty for a root)."""
+        path = []
+        while node.parent is not None:
+            path.append(node)
+            node = node.parent
+        path.reverse()
+        return path
+
+    def _new_root(self, namespace: Any) -> TreeNode:
+        self._next_id += 1
+        root = TreeNode(self._next_id, b"", None, self.num_components)
+        root.namespace = namespace
+        self._root_ids.add(id(root))
+        return root
