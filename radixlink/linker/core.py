@@ -23,12 +23,11 @@ from radixlink.contract import (
     PoolName,
     PoolTransfer,
 )
-from radixlink.errors import StoreError
-from radixlink.hashing import namespace_id, page_hashes
+from radixlink.hashing import namespace_id
+from radixlink.linker.lookup import restorable_pages, tail_hashes
 from radixlink.linker.offload import OffloadPolicy
 from radixlink.linker.ranks import LocalRankGroup, RankGroup
 from radixlink.linker.records import Load, LoadOutcome, Lookup, pool_writer
-from radixlink.linker.restorable import presence_from_store, restorable_prefix_pages
 from radixlink.linker.worker import Completion, PoolPages, TransferStatus, TransferWorker
 from radixlink.stores.base import Store
 from radixlink.stores.keys import page_key
@@ -136,8 +135,8 @@ class ExternalCacheLinker:
         pages: list[int] = []
         keys: list[str] = []
         if num_pages > 0:
-            keys = self._tail_hashes(result, tokens, namespace)
-            pages = self._restorable(keys, namespace)
+            keys = tail_hashes(self.cache, result, tokens, self._namespace(namespace))
+            pages = restorable_pages(self, keys, namespace)
         best = max(self.ranks.intersect(pages, num_pages), default=0) if num_pages > 0 else 0
         self._stats["lookups"] += 1
         result.external_hit_len = best * ps
@@ -147,38 +146,6 @@ class ExternalCacheLinker:
                 tokens=tokens[: prefix + best * ps], prefix_len=prefix,
                 last_node=result.last_node, keys=keys[:best], namespace=namespace,
             )
-
-    def _tail_hashes(self, result: MatchResult, tokens: np.ndarray, namespace: Any) -> list[str]:
-        ps, prefix = self.page_size, result.prefix_len
-        tail = tokens[prefix : len(tokens) // ps * ps]
-        algo = self.cache.config.hash_algo
-        if prefix == 0:
-            return page_hashes(tail, ps, self._namespace(namespace), algo=algo)
-        node = result.last_node
-        parent = node.hash_value[result.node_offset // ps - 1]
-        return page_hashes(tail, ps, parent=parent, algo=algo)
-
-    def _restorable(self, keys: list[str], namespace: Any) -> list[int]:
-        transfers = self._transfers(LinkerTransferPhase.LOOKUP, keys)
-        if not transfers:
-            return []
-        store_keys = [k for t in transfers for k in self.store_keys(t, namespace)]
-        try:
-            exists = self.store.exists(store_keys)
-        except StoreError:
-            self._stats["failures_lookup"] += 1
-            return []
-        windows = {c.pool_name: c.window_pages for c in self._components if c.window_pages > 0}
-        presence = presence_from_store(transfers, exists, window_pages=windows)
-        return restorable_prefix_pages(len(keys), presence).restorable_prefix_pages
-
-    def _transfers(self, phase: LinkerTransferPhase, keys: list[str]) -> list[PoolTransfer]:
-        out = []
-        for component in self._components:
-            transfer = component.build_external_linker_transfer(phase, None, keys)
-            if transfer is not None:
-                out.append(transfer)
-        return out
 
     @property
     def _components(self) -> tuple[Any, ...]:

@@ -1,0 +1,55 @@
+"""LOOKUP: hashes of a request's device-uncached tail and which prefix lengths the store can
+restore (through the one pure rule in ``restorable.py``).
+
+Owns nothing stateful; reads the tree only through a ``MatchResult`` and component hooks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from radixlink.contract import LinkerTransferPhase, MatchResult, PoolTransfer
+from radixlink.errors import StoreError
+from radixlink.hashing import page_hashes
+from radixlink.linker.restorable import presence_from_store, restorable_prefix_pages
+
+
+def tail_hashes(cache: Any, result: MatchResult, tokens: np.ndarray, namespace: Any) -> list[str]:
+    """Chained hashes of the whole pages of ``tokens`` after the device match, continuing the
+    chain of the page where the match ended (or the namespace seed for an empty match)."""
+    ps, prefix = cache.page_size, result.prefix_len
+    tail = tokens[prefix : len(tokens) // ps * ps]
+    algo = cache.config.hash_algo
+    if prefix == 0:
+        return page_hashes(tail, ps, namespace, algo=algo)
+    parent = result.last_node.hash_value[result.node_offset // ps - 1]
+    return page_hashes(tail, ps, parent=parent, algo=algo)
+
+
+def lookup_transfers(components: Any, keys: list[str]) -> list[PoolTransfer]:
+    """Every taking-part component's LOOKUP transfer for ``keys``."""
+    out = []
+    for component in components:
+        transfer = component.build_external_linker_transfer(LinkerTransferPhase.LOOKUP, None, keys)
+        if transfer is not None:
+            out.append(transfer)
+    return out
+
+
+def restorable_pages(linker: Any, keys: list[str], namespace: Any) -> list[int]:
+    """Every tail length (pages) this rank can restore; a store error is a miss (counted)."""
+    components = linker.cache.components
+    transfers = lookup_transfers(components, keys)
+    if not transfers:
+        return []
+    store_keys = [k for t in transfers for k in linker.store_keys(t, namespace)]
+    try:
+        exists = linker.store.exists(store_keys)
+    except StoreError:
+        linker.count("failures_lookup")
+        return []
+    windows = {c.pool_name: c.window_pages for c in components if c.window_pages > 0}
+    presence = presence_from_store(transfers, exists, window_pages=windows)
+    return restorable_prefix_pages(len(keys), presence).restorable_prefix_pages
