@@ -27,6 +27,28 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def cluster_free_port() -> int:
+    """A free port for a cluster node: Redis also needs port + 10000 (its bus), so the port
+    must be <= 55535 and its bus port free too."""
+    for _ in range(200):
+        port = free_port()
+        if port <= 55535 and _is_free(port + 10000):
+            return port
+        candidate = 20000 + port % 30000  # NOTE: ephemeral ports are often above 55535
+        if _is_free(candidate) and _is_free(candidate + 10000):
+            return candidate
+    raise RuntimeError("no free port pair (p, p + 10000) for a cluster node")
+
+
 def _ping(port: int) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
         sock.sendall(b"PING\r\n")
@@ -122,7 +144,8 @@ def start_cluster(
             node_dir = workdir / f"node{i}"
             extra = ("--cluster-enabled", "yes", "--cluster-node-timeout", "2000")
             extra += ("--cluster-config-file", str(node_dir / "nodes.conf"))
-            servers.append(RedisServer(node_dir, extra=extra).start())
+            node = RedisServer(node_dir, extra=extra, port=cluster_free_port())
+            servers.append(node.start())
         addresses = [f"127.0.0.1:{server.port}" for server in servers]
         servers[0].cli(
             "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"
