@@ -1,7 +1,8 @@
 """Random alloc/free sequences against a reference model (set of allocated pages).
 
 After every step: free + allocated == total, the allocator agrees with the model page by page,
-slot 0 is never handed out, and misuse (double free) changes nothing.
+slot 0 is never handed out, and misuse (double free) changes nothing. Frees go through both the
+validated ``free`` and the tree's ``free_trusted``.
 """
 
 from __future__ import annotations
@@ -58,6 +59,14 @@ class PagedAllocatorMachine(RuleBasedStateMachine):
     @rule(slots=consumes(held))
     def free(self, slots: torch.Tensor) -> None:
         self.alloc.free(slots)
+        pages = self._pages(slots) if slots.numel() else frozenset()
+        self.allocated -= pages
+        if pages:
+            self.freed.append(pages)
+
+    @rule(slots=consumes(held))
+    def free_trusted(self, slots: torch.Tensor) -> None:
+        self.alloc.free_trusted(slots)
         pages = self._pages(slots) if slots.numel() else frozenset()
         self.allocated -= pages
         if pages:

@@ -129,6 +129,9 @@ def test_free_of_page_repeated_in_one_call_raises() -> None:
         (_slots(0, 1, 2, 3), r"outside the allocator \(pages 0..0, valid 1..4\)"),
         (_slots(20, 21, 22, 23), r"pages 5..5, valid 1..4"),
         (_slots(-4, -3, -2, -1), "outside the allocator"),
+        (_slots(4, 5, 6, 7, 20, 21, 22, 23), r"pages 1..5, valid 1..4"),
+        (_slots(4, 5, 6, 7, 9, 10, 11, 12), "not page aligned"),
+        (_slots(4, 5, 6, 7, 8, 9, 10), "7 slots is not a whole number of pages"),
         (torch.tensor([4, 5, 6, 7], dtype=torch.int32), "must be int64, got torch.int32"),
         (torch.arange(4, 8).view(2, 2), r"must be 1-D, got shape \(2, 2\)"),
         ([4, 5, 6, 7], "must be a torch.Tensor of int64, got list"),
@@ -154,6 +157,60 @@ def test_free_of_strided_1d_view() -> None:
     assert not column.is_contiguous()
     alloc.free(column)
     assert alloc.available_size() == 16
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_multi_page_double_free_changes_nothing(page_size: int) -> None:
+    """A multi-page free with one free page inside raises and frees none of the others."""
+    alloc = PagedAllocator(8 * page_size, page_size)
+    slots = alloc.alloc(3 * page_size)
+    assert slots is not None
+    alloc.free(slots[page_size : 2 * page_size])
+    with pytest.raises(ValueError, match="double free of pages"):
+        alloc.free(slots)
+    assert alloc.available_size() == 6 * page_size
+    assert alloc.is_allocated(slots[:page_size]) and alloc.is_allocated(slots[2 * page_size :])
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_free_trusted_returns_pages_like_free(page_size: int) -> None:
+    """free_trusted of held pages frees them exactly as free does (LIFO reuse included)."""
+    alloc = PagedAllocator(8 * page_size, page_size)
+    slots = alloc.alloc(5 * page_size)
+    assert slots is not None
+    alloc.free_trusted(slots[2 * page_size :])
+    alloc.free_trusted(slots[:0])
+    assert alloc.available_size() == 6 * page_size
+    assert alloc.is_allocated(slots[: 2 * page_size])
+    assert not alloc.is_allocated(slots[2 * page_size : 3 * page_size])
+    again = alloc.alloc(3 * page_size)
+    assert again is not None and torch.equal(again, slots[2 * page_size :])
+
+
+def test_free_trusted_refuses_free_and_padding_pages() -> None:
+    """free_trusted asserts (changing nothing) on a free page or the padding page 0."""
+    alloc = PagedAllocator(16, 4)
+    slots = alloc.alloc(8)
+    assert slots is not None
+    alloc.free_trusted(slots[:4])
+    for bad in (slots, _slots(0, 1, 2, 3)):
+        with pytest.raises(AssertionError, match="free or padding"):
+            alloc.free_trusted(bad)
+        assert alloc.available_size() == 12 and alloc.is_allocated(slots[4:])
+
+
+def test_returned_slots_do_not_alias_the_free_list() -> None:
+    """Writing into slot tensors from alloc or slots_to_pages never corrupts the allocator."""
+    alloc = PagedAllocator(16, 4)
+    first = alloc.alloc(8)
+    assert first is not None
+    kept = first.clone()
+    first.fill_(0)
+    alloc.slots_to_pages(kept).fill_(0)
+    alloc.free(kept)
+    second = alloc.alloc(16)
+    assert second is not None
+    assert sorted((second[::4] // 4).tolist()) == [1, 2, 3, 4]
 
 
 def test_is_allocated_is_false_for_foreign_slots() -> None:

@@ -125,6 +125,29 @@ def test_page_hash_depends_on_all_earlier_pages(algo: str) -> None:
     assert len(set(repeated)) == 3
 
 
+@pytest.mark.parametrize("algo", ["sha256", "xxh3"])
+def test_long_inputs_chain_across_internal_chunks(algo: str) -> None:
+    """Inputs of thousands of pages (hashed a chunk at a time) equal the page-by-page chain."""
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(0, 2**32, size=2 * 1500 + 1, dtype=np.int64)
+    whole = page_hashes(tokens, 2, TINY, algo=algo)
+    assert len(whole) == 1500 and whole == page_hashes(tokens.tolist(), 2, TINY, algo=algo)
+    if algo == "sha256":
+        assert whole == _reference(tokens.tolist(), 2, TINY.seed())
+    for cut in (1, 511, 512, 513, 1024):
+        tail = page_hashes(tokens[2 * cut :], 2, parent=whole[cut - 1], algo=algo)
+        assert whole[:cut] + tail == whole
+
+
+@pytest.mark.parametrize(("index", "value"), [(1500, -3), (2999, 2**32), (3000, -1), (0, 2**40)])
+def test_bad_token_anywhere_in_a_long_array_raises(index: int, value: int) -> None:
+    """An out-of-range token in any chunk, or in the ignored partial tail, raises naming it."""
+    tokens = np.arange(3001, dtype=np.int64)
+    tokens[index] = value
+    with pytest.raises(ValueError, match=rf"got {value} at index {index} \(dtype int64\)"):
+        page_hashes(tokens, 2)
+
+
 def test_partial_tail_is_ignored() -> None:
     """Only whole pages are hashed; a short sequence gives no hashes."""
     assert page_hashes(TOKENS + [9, 10, 11], 4) == [SHA_H0, SHA_H1]
