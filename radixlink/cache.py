@@ -6,20 +6,25 @@ the slot decisions the tree returns. The tree walk and component rules live belo
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from radixlink.checks import check_count, check_insert, check_slots
+from radixlink.components.assembly import build_components, build_memory
 from radixlink.components.base import TreeComponent
-from radixlink.components.full import FullComponent
 from radixlink.config import CacheConfig
-from radixlink.contract import InsertParams, InsertResult, MatchResult, PoolName
-from radixlink.memory.allocator import PagedAllocator
-from radixlink.memory.pools import KVPool
+from radixlink.contract import (
+    EvictParams,
+    EvictResult,
+    InsertParams,
+    InsertResult,
+    MatchResult,
+    PoolName,
+)
 from radixlink.tree.invariants import check_tree
-from radixlink.tree.keys import KeyPacker, token_bytes
-from radixlink.tree.node import LockHandle, TreeNode
+from radixlink.tree.keys import KeyPacker
+from radixlink.tree.node import Effects, LockHandle, TreeNode
 from radixlink.tree.tree import RadixTree
 
 
@@ -41,8 +46,11 @@ class UnifiedCache:
     tree adopts new pages and frees duplicates itself) or ``free`` returns them. Slots in a
     ``MatchResult`` are the tree's: read them, never free them.
 
+    Hybrid caches (``sliding_window`` / ``mamba_num_states``) keep these methods and add
+    ``swa_slots``, ``free_swa``, ``alloc_state``, ``free_state`` (docs/tree.md, "Hybrid").
+
     Args:
-        config: sizes, device, layout and modes.
+        config: sizes, device, layouts and modes.
     """
 
     def __init__(self, config: CacheConfig):
@@ -51,21 +59,14 @@ class UnifiedCache:
         self.config = config
         self.page_size = config.page_size
         self.device = torch.device(config.device)
-        self._allocator = PagedAllocator(config.num_tokens, config.page_size, self.device)
-        self._kv_pool = (
-            None
-            if config.kv_layout is None
-            else KVPool(config.kv_layout, self._allocator.num_slots, self.device)
-        )
-        self._full = FullComponent(self._allocator, config.eviction_policy)
-        self._components: tuple[TreeComponent, ...] = (self._full,)
-        self.tree = RadixTree(
-            self._components,
-            config.page_size,
-            hashing=config.hashing_enabled,
-            hash_algo=config.hash_algo,
-            namespace=config.namespace,
-        )
+        memory = build_memory(config, self.device)
+        parts = build_components(config, memory)
+        self._pools = memory.pools
+        self._full, self._swa, self._mamba = parts.full, parts.swa, parts.mamba
+        self._components: tuple[TreeComponent, ...] = parts.ordered
+        self._apply_order = self._components[::-1]  # dependents first, as the tree releases
+        self.tree = RadixTree(self._components, config.page_size, namespace=config.namespace,
+                              hashing=config.hashing_enabled, hash_algo=config.hash_algo)
         self._linker: Any = None
         self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
         self._packer = KeyPacker()
@@ -85,11 +86,14 @@ class UnifiedCache:
     def match_prefix(
         self, tokens: Any, req_id: Any = None, *, namespace: Any = None
     ) -> MatchResult:
-        """The longest cached whole-page prefix of ``tokens``.
+        """The longest cached whole-page prefix of ``tokens`` that every component can serve.
 
-        Read-only apart from recency; the prefix may end inside ``last_node``
+        Read-only in the tree apart from recency; the prefix may end inside ``last_node``
         (``node_offset`` tokens of it). Lock ``last_node`` before the next ``alloc``/``evict``
-        if you will use ``device_indices``.
+        if you will use ``device_indices`` (or ``swa_indices``). On a MAMBA cache a non-empty
+        match also hands the request ``mamba_slot``, a fresh slot holding a copy of the
+        boundary state (evicting a state when none is free; an empty match when even that
+        fails): the request owns it and frees it with ``free_state``.
 
         Args:
             tokens: token ids (list, numpy array or tensor of ints in ``[0, 2**32)``).
@@ -110,17 +114,38 @@ class UnifiedCache:
         )
         for component in self._components:
             component.fill_match(result, path)
+        if self._mamba is not None and path.prefix_len:
+            result.mamba_slot = self._copy_state(path.last_node)
+            if result.mamba_slot is None:
+                result = self._empty_match(path.last_node)
         counters = self._counters
         counters["match_calls"] += 1
         counters["match_tokens"] += len(key) >> 2
-        counters["hit_tokens"] += path.prefix_len
+        counters["hit_tokens"] += result.prefix_len
         if req_id is not None and self._linker is not None:
             self._linker.lookup(result, key, req_id, namespace)
         return result
 
+    def _copy_state(self, node: TreeNode) -> int | None:
+        assert self._mamba is not None
+        slot = self._mamba.copy_state(node)
+        if slot is None:  # evict another state; the lock keeps this one
+            handle = self.tree.lock(node)
+            self._evict(self._targets(mamba=1))
+            slot = self._mamba.copy_state(node)
+            self.tree.unlock(handle)
+        return slot
+
+    def _empty_match(self, node: TreeNode) -> MatchResult:
+        while node.parent is not None:
+            node = node.parent
+        empty, swa = self._empty, None if self._swa is None else self._empty
+        return MatchResult(device_indices=empty, prefix_len=0, last_node=node, swa_indices=swa)
+
     def lock(self, node: TreeNode) -> LockHandle:
         """Protect ``node`` (and what a request there needs) from eviction; returns the receipt
-        for ``unlock``. Locking a root (after an empty match) is a valid no-op.
+        for ``unlock``. FULL protects the path to the root, SWA its last window, MAMBA the
+        node's state. Locking a root (after an empty match) is a valid no-op.
 
         Raises:
             ValueError: ``node`` was evicted meanwhile or belongs to another cache.
@@ -137,45 +162,65 @@ class UnifiedCache:
 
     def alloc(self, num_tokens: int) -> torch.Tensor | None:
         """Slots for ``num_tokens`` rounded up to whole pages, evicting cached data when short;
-        None when even eviction cannot make room (locked data stays).
+        None when even eviction cannot make room (locked data stays). On an SWA cache every
+        returned full page has a fresh SWA page mapped (``swa_slots`` translates).
 
         Raises:
             ValueError: ``num_tokens`` is not a non-negative int.
         """
-        slots = self._full.alloc(num_tokens)
+        full, swa = self._full, self._swa
+        source = None if swa is None else swa.alloc_mapped
+        slots = full.alloc(num_tokens, source)
         if slots is None:
             need = -(-num_tokens // self.page_size) * self.page_size
-            self.evict(need - self._allocator.available_size())
-            slots = self._full.alloc(num_tokens)
+            self._evict(self._targets(full=need - full.allocator.available_size()))
+            if swa is not None:  # evicting full KV above may have freed SWA data already
+                self._evict(self._targets(swa=need - swa.allocator.swa_available_size()))
+            slots = full.alloc(num_tokens, source)
         return slots
 
     def free(self, slots: torch.Tensor) -> None:
-        """Return whole pages of slots that the caller holds.
+        """Return whole pages of slots that the caller holds (with their SWA pages).
 
         Raises:
             ValueError: slots the tree owns, double frees, partial pages; nothing changes.
         """
-        _check_slots("slots", slots, self.device)
-        self._full.free(slots)
+        check_slots("slots", slots, self.device)
+        if self._swa is None:
+            self._full.free(slots)
+        else:
+            self._swa.free_with_full(slots, self._full.free)
 
     def insert(self, params: InsertParams) -> InsertResult:
         """Cache ``params.key`` with the caller's slots ``params.value`` (whole pages only).
 
         Pages the tree already held beyond ``prev_prefix_len`` are duplicates and are freed
         here; pages it takes are the tree's from now on. The caller frees only its partial
-        tail page (``value`` beyond the last whole page, plus its padding).
+        tail page (``value`` beyond the last whole page, plus its padding). SWA: the caller's
+        SWA pages of ``[max(prev_prefix_len, swa_evicted_seqlen), len)`` (as far back as they
+        are all mapped) are kept or heal tombstones, the rest are freed. MAMBA: the tree takes
+        ``mamba_value`` (the state at ``len(value)``, which must be whole pages) or frees it.
 
         Raises:
             ValueError: malformed key or value, a value longer than the key, an unaligned or
-                too long ``prev_prefix_len``, value slots the tree already owns, or options this
-                cache has no component for; nothing changes.
+                too long ``prev_prefix_len``, value slots the tree already owns, a
+                ``mamba_value`` that is not a held state slot, or options this cache has no
+                component for; nothing changes.
         """
-        key, aligned_len = _check_insert(
+        key, aligned_len = check_insert(
             params, self.page_size, self.device, self._packer.pack_extension
         )
-        if params.mamba_value is not None:
-            raise ValueError("mamba_value given but this cache has no MAMBA component")
         value = params.value
+        if params.mamba_value is not None:
+            if self._mamba is None:
+                raise ValueError("mamba_value given but this cache has no MAMBA component")
+            self._mamba.check_held(params.mamba_value, "InsertParams.mamba_value")
+            if value.shape[0] != aligned_len:
+                raise ValueError(
+                    f"mamba_value needs whole pages: value has {value.shape[0]} slots, "
+                    f"page_size={self.page_size}; insert value[:{aligned_len}] with the state "
+                    "at that boundary"
+                )
         if self._full.ownership.any_owned(
             value, params.prev_prefix_len, aligned_len, whole_pages=True
         ):
@@ -184,47 +229,119 @@ class UnifiedCache:
                 f"{params.prev_prefix_len}; pass the match's prefix_len as prev_prefix_len"
             )
         result, effects = self.tree.insert(key, value, params, aligned_len)
-        for component in self._components:
+        for component in self._apply_order:
             component.apply(effects)
         self._counters["insert_calls"] += 1
         if self._linker is not None:
             self._linker.on_insert(params, result)
         return result
 
-    def evict(self, num_tokens: int) -> int:
-        """Free at least ``num_tokens`` cached full-pool tokens if that many are evictable
-        (unlocked), least recently used leaves first. Returns the tokens freed.
+    def evict(self, num_tokens: int | EvictParams) -> Any:
+        """Free cached data of unlocked nodes, least recently used first.
+
+        Args:
+            num_tokens: full-pool tokens to free (returns the tokens freed, an int), or an
+                ``EvictParams`` with per-pool targets (returns an ``EvictResult``).
 
         Raises:
-            ValueError: ``num_tokens`` is not a non-negative int.
+            ValueError: a negative or non-int target, or a target for a pool this cache lacks.
         """
-        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 0:
-            raise ValueError(f"num_tokens must be a non-negative int, got {num_tokens!r}")
-        if num_tokens == 0:
+        if isinstance(num_tokens, EvictParams):
+            targets = self._targets(
+                full=check_count("num_tokens", num_tokens.num_tokens),
+                swa=check_count("swa_num_tokens", num_tokens.swa_num_tokens),
+                mamba=check_count("mamba_num", num_tokens.mamba_num),
+            )
+            freed = self._evict(targets).num_freed
+            return EvictResult(
+                num_tokens_evicted=freed[0],
+                swa_num_tokens_evicted=0 if self._swa is None else freed[self._swa.index],
+                mamba_num_evicted=0 if self._mamba is None else freed[self._mamba.index],
+            )
+        if check_count("num_tokens", num_tokens) == 0:
             return 0
-        effects = self.tree.evict([num_tokens])
-        for component in self._components:
+        return self._evict(self._targets(full=num_tokens)).num_freed[0]
+
+    def _targets(self, *, full: int = 0, swa: int = 0, mamba: int = 0) -> list[int]:
+        targets = [full] + [0] * (len(self._components) - 1)
+        for component, target, name in ((self._swa, swa, "SWA"), (self._mamba, mamba, "MAMBA")):
+            if component is not None:
+                targets[component.index] = target
+            elif target > 0:
+                raise ValueError(f"an eviction target for {name} but this cache has no {name}")
+        return targets
+
+    def _evict(self, targets: list[int]) -> Effects:
+        effects = self.tree.evict(targets)
+        for component in self._apply_order:
             component.apply(effects)
-        return effects.num_freed[0]
+        return effects
+
+    # ---------------------------------------------------------------- hybrid requests
+
+    def swa_slots(self, full_slots: torch.Tensor) -> torch.Tensor:
+        """The SWA slot mapped to each full slot (0 where none is): where a request writes and
+        reads SWA K/V for the tokens at ``full_slots``.
+
+        Raises:
+            ValueError: this cache has no SWA component, or malformed slots.
+        """
+        return _need(self._swa, "swa_slots").allocator.translate_full_to_swa(full_slots)
+
+    def free_swa(self, full_slots: torch.Tensor) -> None:
+        """Free the SWA pages mapped to the caller's whole full pages ``full_slots`` (tokens
+        that left the window); the full pages stay the caller's. Unmapped pages are skipped.
+        Pass the position below which all SWA pages are gone as ``swa_evicted_seqlen``.
+
+        Raises:
+            ValueError: no SWA component, tree-owned or malformed slots; nothing changes.
+        """
+        swa = _need(self._swa, "free_swa")
+        check_slots("full_slots", full_slots, self.device)
+        self._full.check_held(full_slots)
+        swa.free_held(full_slots)
+
+    def alloc_state(self) -> int | None:
+        """A fresh request-held Mamba state slot (contents stale; zero it for a new sequence),
+        evicting a cached state when none is free; None when all are held or locked.
+
+        Raises:
+            ValueError: this cache has no MAMBA component.
+        """
+        mamba = _need(self._mamba, "alloc_state")
+        slot = mamba.alloc()
+        if slot is None:
+            self._evict(self._targets(mamba=1))
+            slot = mamba.alloc()
+        return slot
+
+    def free_state(self, slot: int) -> None:
+        """Return a request-held state slot (``alloc_state``, ``MatchResult.mamba_slot``).
+
+        Raises:
+            ValueError: no MAMBA component, a tree-owned slot or a double free.
+        """
+        _need(self._mamba, "free_state").free(slot)
 
     # ---------------------------------------------------------------- inspection
 
-    def pool(self, name: PoolName | str) -> KVPool | None:
-        """The device pool behind ``name`` (the ``KVPool`` for ``KV``), or None when this
-        cache manages indices only or has no such pool."""
+    def pool(self, name: PoolName | str) -> Any:
+        """The device pool behind ``name``: the ``KVPool`` for ``KV`` and ``SWA``, the
+        ``MambaStatePool`` for ``MAMBA``; None when this cache manages indices only there or
+        has no such pool."""
         try:
             name = PoolName(name)
         except ValueError:
             names = [p.value for p in PoolName]
             raise ValueError(f"unknown pool {name!r}; expected one of {names}") from None
-        return self._kv_pool if name is PoolName.KV else None
+        return self._pools.get(name)
 
     def stats(self) -> dict[str, Any]:
         """Counters and sizes (tokens): free / cached / held / evictable / protected, nodes,
         matches and hits, evicted."""
         out: dict[str, Any] = {
             "page_size": self.page_size,
-            "total_tokens": self._allocator.total_size(),
+            "total_tokens": self._full.allocator.total_size(),
             "num_nodes": self.tree.num_nodes,
             "num_locks": len(self.tree.live_handles()),
         }
@@ -271,44 +388,9 @@ class UnifiedCache:
         self.tree.before_evict = None
 
 
-def _check_slots(name: str, slots: Any, device: torch.device) -> None:
-    if not isinstance(slots, torch.Tensor):
-        raise ValueError(f"{name} must be an int64 torch.Tensor, got {type(slots).__name__}")
-    if slots.dtype != torch.int64 or slots.dim() != 1:
-        shape = tuple(slots.shape)
-        raise ValueError(f"{name} must be a 1-D int64 tensor, got {slots.dtype} {shape}")
-    if slots.device != device:
-        raise ValueError(f"{name} is on {slots.device}, the cache is on {device}")
-
-
-def _check_insert(
-    params: Any,
-    page_size: int,
-    device: torch.device,
-    pack: Callable[[Any], bytes] = token_bytes,
-) -> tuple[bytes, int]:
-    """Validate an ``InsertParams``; return the packed key and the whole-page length."""
-    if not isinstance(params, InsertParams):
-        raise ValueError(f"insert takes an InsertParams, got {type(params).__name__}")
-    key = pack(params.key)
-    _check_slots("InsertParams.value", params.value, device)
-    num_key, num_value = len(key) >> 2, params.value.shape[0]
-    if num_value > num_key:
-        raise ValueError(
-            f"insert value has {num_value} slots but the key only {num_key} tokens; pass "
-            "value[:len(key)]"
-        )
-    prev = params.prev_prefix_len
-    if not isinstance(prev, int) or isinstance(prev, bool) or not 0 <= prev <= num_value:
-        raise ValueError(
-            f"prev_prefix_len must be an int in [0, {num_value}] (len(value)), got {prev!r}"
-        )
-    if prev % page_size:
-        raise ValueError(
-            f"prev_prefix_len={prev} is not a multiple of page_size={page_size}; pass the "
-            "prefix_len of a match (always page aligned)"
-        )
-    seqlen = params.swa_evicted_seqlen
-    if not isinstance(seqlen, int) or isinstance(seqlen, bool) or seqlen < 0:
-        raise ValueError(f"swa_evicted_seqlen must be a non-negative int, got {seqlen!r}")
-    return key, num_value - num_value % page_size
+def _need(component: Any, what: str) -> Any:
+    if component is None:
+        swa = "swa" in what
+        name, setting = ("SWA", "sliding_window") if swa else ("MAMBA", "mamba_num_states")
+        raise ValueError(f"{what}: this cache has no {name} component (set {setting})")
+    return component

@@ -1,4 +1,5 @@
-"""Frozen configuration records: ``CacheConfig`` and the eviction policy enum.
+"""Frozen configuration records: ``CacheConfig`` (full, SWA and Mamba sizes) and the eviction
+policy enum.
 
 Owns validation of user-given sizes and modes. Builds nothing; ``UnifiedCache`` reads it.
 """
@@ -11,8 +12,9 @@ from typing import Any
 
 import torch
 
+from radixlink.contract import ComponentType
 from radixlink.hashing import HASH_ALGOS, Namespace
-from radixlink.memory.layout import KVLayout
+from radixlink.memory.layout import KVLayout, StateLayout
 
 
 class EvictionPolicy(str, enum.Enum):
@@ -20,6 +22,17 @@ class EvictionPolicy(str, enum.Enum):
 
     LRU = "lru"
     LFU = "lfu"
+
+
+def _check_layout(name: str, layout: object, kind: type, page_size: int) -> None:
+    if layout is None:
+        return
+    if not isinstance(layout, kind):
+        raise ValueError(f"CacheConfig.{name} must be a {kind.__name__} or None, got {layout!r}")
+    if isinstance(layout, KVLayout) and layout.page_size != page_size:
+        raise ValueError(
+            f"CacheConfig.{name}.page_size={layout.page_size} differs from page_size={page_size}"
+        )
 
 
 def _positive_int(name: str, value: object) -> None:
@@ -44,6 +57,13 @@ class CacheConfig:
         enable_external_cache_linker: compute page hashes on insert and allow
             ``attach_linker``; off means no hashing cost and no behaviour change.
         hash_algo: page hash function when hashing is on (``"sha256"`` or ``"xxh3"``).
+        sliding_window: the attention window ``W`` (tokens) of SWA layers; None = no SWA
+            component. Window pages are ``ceil(W / page_size)``.
+        swa_num_tokens: usable slots of the SWA pool (a multiple of ``page_size``); None =
+            ``num_tokens``. Needs ``sliding_window``.
+        swa_layout: the SWA pool's KV layout; None manages SWA indices only.
+        mamba_num_states: usable recurrent-state slots; None = no MAMBA component.
+        state_layout: the shape of one state slot; None manages state indices only.
     """
 
     page_size: int
@@ -54,6 +74,11 @@ class CacheConfig:
     eviction_policy: EvictionPolicy | str = EvictionPolicy.LRU
     enable_external_cache_linker: bool = False
     hash_algo: str = "sha256"
+    sliding_window: int | None = None
+    swa_num_tokens: int | None = None
+    swa_layout: KVLayout | None = None
+    mamba_num_states: int | None = None
+    state_layout: StateLayout | None = None
 
     def __post_init__(self) -> None:
         _positive_int("page_size", self.page_size)
@@ -97,6 +122,44 @@ class CacheConfig:
             raise ValueError(
                 f"CacheConfig.hash_algo must be one of {HASH_ALGOS}, got {self.hash_algo!r}"
             )
+        self._check_hybrid()
+
+    def _check_hybrid(self) -> None:
+        if self.sliding_window is None:
+            for name in ("swa_num_tokens", "swa_layout"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"CacheConfig.{name} needs sliding_window (the SWA window)")
+        else:
+            _positive_int("sliding_window", self.sliding_window)
+            if self.swa_num_tokens is not None:
+                _positive_int("swa_num_tokens", self.swa_num_tokens)
+                if self.swa_num_tokens % self.page_size:
+                    raise ValueError(
+                        f"CacheConfig.swa_num_tokens={self.swa_num_tokens} is not a multiple "
+                        f"of page_size={self.page_size}"
+                    )
+            _check_layout("swa_layout", self.swa_layout, KVLayout, self.page_size)
+        if self.mamba_num_states is None:
+            if self.state_layout is not None:
+                raise ValueError("CacheConfig.state_layout needs mamba_num_states")
+        else:
+            _positive_int("mamba_num_states", self.mamba_num_states)
+            _check_layout("state_layout", self.state_layout, StateLayout, self.page_size)
+
+    @property
+    def swa_pool_tokens(self) -> int:
+        """Usable SWA slots (``swa_num_tokens``, defaulting to ``num_tokens``)."""
+        return self.num_tokens if self.swa_num_tokens is None else self.swa_num_tokens
+
+    @property
+    def component_types(self) -> tuple[ComponentType, ...]:
+        """The cache's components, backbone first: FULL, then SWA and MAMBA when configured."""
+        out = [ComponentType.FULL]
+        if self.sliding_window is not None:
+            out.append(ComponentType.SWA)
+        if self.mamba_num_states is not None:
+            out.append(ComponentType.MAMBA)
+        return tuple(out)
 
     @property
     def hashing_enabled(self) -> bool:
@@ -112,4 +175,8 @@ class CacheConfig:
             "kv_layout": None if self.kv_layout is None else self.kv_layout.fingerprint(),
             "eviction_policy": EvictionPolicy(self.eviction_policy).value,
             "enable_external_cache_linker": self.enable_external_cache_linker,
+            "components": [c.value for c in self.component_types],
+            "sliding_window": self.sliding_window,
+            "swa_num_tokens": None if self.sliding_window is None else self.swa_pool_tokens,
+            "mamba_num_states": self.mamba_num_states,
         }

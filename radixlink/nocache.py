@@ -9,11 +9,10 @@ from typing import Any
 
 import torch
 
-from radixlink.cache import _check_insert, _check_slots
+from radixlink.checks import check_insert, check_slots
+from radixlink.components.assembly import build_memory
 from radixlink.config import CacheConfig
 from radixlink.contract import InsertParams, InsertResult, MatchResult, PoolName
-from radixlink.memory.allocator import PagedAllocator
-from radixlink.memory.pools import KVPool
 from radixlink.tree.keys import token_bytes
 from radixlink.tree.node import LockHandle, TreeNode
 
@@ -23,8 +22,9 @@ class NoPrefixCache:
 
     ``match_prefix`` returns an empty prefix ending at a root node, ``lock`` of that root is a
     no-op receipt (unlocking twice still raises), ``insert`` frees ``value`` beyond
-    ``prev_prefix_len`` (which must be 0: there is nothing to have matched) and ``evict``
-    frees nothing.
+    ``prev_prefix_len`` (which must be 0: there is nothing to have matched) and its
+    ``mamba_value``, and ``evict`` frees nothing. Hybrid configs get the same SWA and state
+    calls as ``UnifiedCache`` (``swa_slots``, ``free_swa``, ``alloc_state``, ``free_state``).
 
     Args:
         config: as for ``UnifiedCache``; hashing and eviction options are ignored.
@@ -36,12 +36,11 @@ class NoPrefixCache:
         self.config = config
         self.page_size = config.page_size
         self.device = torch.device(config.device)
-        self._allocator = PagedAllocator(config.num_tokens, config.page_size, self.device)
-        self._kv_pool = (
-            None
-            if config.kv_layout is None
-            else KVPool(config.kv_layout, self._allocator.num_slots, self.device)
-        )
+        memory = build_memory(config, self.device)
+        self._allocator = memory.full
+        self._hybrid, self._states, self._pools = memory.hybrid, memory.states, memory.pools
+        self._num_swa_held = 0
+        self._num_states_held = 0
         self._root = TreeNode(0, b"", None, 1)
         self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
         self._num_held = 0
@@ -80,17 +79,63 @@ class NoPrefixCache:
         self._live.discard(handle.handle_id)
 
     def alloc(self, num_tokens: int) -> torch.Tensor | None:
-        """Slots for ``num_tokens`` (whole pages), or None when the pool is short."""
-        slots = self._allocator.alloc(num_tokens)
+        """Slots for ``num_tokens`` (whole pages, each with an SWA page when the config has a
+        window), or None when a pool is short."""
+        hybrid = self._hybrid
+        slots = self._allocator.alloc(num_tokens) if hybrid is None else hybrid.alloc(num_tokens)
         if slots is not None:
             self._num_held += len(slots)
+            self._num_swa_held += 0 if hybrid is None else len(slots)
         return slots
 
     def free(self, slots: torch.Tensor) -> None:
         """Return whole pages of held slots (ValueError on double free / partial pages)."""
-        _check_slots("slots", slots, self.device)
-        self._allocator.free(slots)
+        check_slots("slots", slots, self.device)
+        if self._hybrid is None:
+            self._allocator.free(slots)
+        else:
+            mapped = self._swa_mapped(slots)
+            self._hybrid.free(slots)
+            self._num_swa_held -= mapped
         self._num_held -= len(slots)
+
+    def swa_slots(self, full_slots: torch.Tensor) -> torch.Tensor:
+        """The SWA slot mapped to each full slot (0 where none is)."""
+        return self._need_swa("swa_slots").translate_full_to_swa(full_slots)
+
+    def free_swa(self, full_slots: torch.Tensor) -> None:
+        """Free the SWA pages mapped to held ``full_slots`` (whole pages)."""
+        hybrid = self._need_swa("free_swa")
+        check_slots("full_slots", full_slots, self.device)
+        mapped = self._swa_mapped(full_slots)
+        hybrid.free_swa(full_slots)
+        self._num_swa_held -= mapped
+
+    def alloc_state(self) -> int | None:
+        """A fresh state slot, or None when all are held."""
+        slot = self._need_states("alloc_state").alloc()
+        self._num_states_held += slot is not None
+        return slot
+
+    def free_state(self, slot: int) -> None:
+        """Return a state slot (ValueError on a double free)."""
+        self._need_states("free_state").free(slot)
+        self._num_states_held -= 1
+
+    def _swa_mapped(self, full_slots: torch.Tensor) -> int:
+        assert self._hybrid is not None
+        ps = self.page_size
+        return int((self._hybrid.translate_full_to_swa(full_slots[::ps]) != 0).sum()) * ps
+
+    def _need_swa(self, what: str) -> Any:
+        if self._hybrid is None:
+            raise ValueError(f"{what}: this cache has no SWA component (set sliding_window)")
+        return self._hybrid
+
+    def _need_states(self, what: str) -> Any:
+        if self._states is None:
+            raise ValueError(f"{what}: this cache has no MAMBA component (set mamba_num_states)")
+        return self._states
 
     def insert(self, params: InsertParams) -> InsertResult:
         """Free the caller's whole pages of ``value``; cache nothing.
@@ -98,17 +143,21 @@ class NoPrefixCache:
         Raises:
             ValueError: as ``UnifiedCache.insert``, and for ``prev_prefix_len > 0``.
         """
-        _, aligned_len = _check_insert(params, self.page_size, self.device)
+        _, aligned_len = check_insert(params, self.page_size, self.device)
         if params.prev_prefix_len:
             raise ValueError(
                 f"prev_prefix_len={params.prev_prefix_len} but a NoPrefixCache never matches; "
                 "pass 0"
             )
-        if params.mamba_value is not None:
+        state = params.mamba_value
+        if state is not None and self._states is None:
             raise ValueError("mamba_value given but this cache has no MAMBA component")
+        if state is not None and not self._states.is_allocated(state):  # type: ignore[union-attr]
+            raise ValueError(f"InsertParams.mamba_value: state slot {state!r} is not allocated")
         if aligned_len:
-            self._allocator.free(params.value[:aligned_len])
-            self._num_held -= aligned_len
+            self.free(params.value[:aligned_len])
+        if state is not None:
+            self.free_state(state)
         self._counters["insert_calls"] += 1
         return InsertResult(prefix_len=0, last_node=self._root)
 
@@ -118,17 +167,17 @@ class NoPrefixCache:
             raise ValueError(f"num_tokens must be a non-negative int, got {num_tokens!r}")
         return 0
 
-    def pool(self, name: PoolName | str) -> KVPool | None:
-        """The ``KVPool`` for ``KV`` (None without a layout or for other pools)."""
+    def pool(self, name: PoolName | str) -> Any:
+        """The pool behind ``name`` as in ``UnifiedCache.pool`` (None without a layout)."""
         try:
             name = PoolName(name)
         except ValueError:
             raise ValueError(f"unknown pool {name!r}") from None
-        return self._kv_pool if name is PoolName.KV else None
+        return self._pools.get(name)
 
     def stats(self) -> dict[str, Any]:
         free = self._allocator.available_size()
-        return {
+        out: dict[str, Any] = {
             "page_size": self.page_size,
             "total_tokens": self._allocator.total_size(),
             "free_tokens": free,
@@ -139,13 +188,26 @@ class NoPrefixCache:
             "hit_tokens": 0,
             **self._counters,
         }
+        if self._hybrid is not None:
+            out["swa_free_tokens"] = self._hybrid.swa_available_size()
+            out["swa_held_tokens"] = self._num_swa_held
+        if self._states is not None:
+            out["mamba_free_states"] = self._states.available_size()
+            out["mamba_held_states"] = self._num_states_held
+        return out
 
     def check_invariants(self) -> None:
-        """Assert free + held == total."""
-        total, free = self._allocator.total_size(), self._allocator.available_size()
-        assert free + self._num_held == total, (
-            f"NoPrefixCache: free {free} + held {self._num_held} != total {total}"
-        )
+        """Assert free + held == total, per pool."""
+        pools: list[tuple[Any, int, str]] = [(self._allocator, self._num_held, "kv")]
+        if self._hybrid is not None:
+            pools.append((self._hybrid.swa, self._num_swa_held, "swa"))
+        if self._states is not None:
+            pools.append((self._states, self._num_states_held, "mamba"))
+        for alloc, held, name in pools:
+            total, free = alloc.total_size(), alloc.available_size()
+            assert free + held == total, (
+                f"NoPrefixCache {name}: free {free} + held {held} != total {total}"
+            )
 
     def attach_linker(self, linker: Any) -> None:
         """Always raises: a cache that stores nothing cannot link to a store."""

@@ -1,4 +1,5 @@
-"""`radixlink bench tree`: requests/s of the tree on a multi-turn chat workload, per phase.
+"""`radixlink bench tree`: requests/s of the tree on a multi-turn chat workload, per phase,
+for FULL-only and hybrid (SWA, MAMBA) trees side by side.
 
 Owns only this benchmark; drives ``UnifiedCache`` through its public methods, indices only.
 """
@@ -10,6 +11,7 @@ import cProfile
 import pstats
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,18 +25,45 @@ from radixlink.contract import InsertParams
 PHASES = ("key", "match", "lock", "alloc", "insert", "free")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hybrid:
+    """Which hybrid components the tree gets, and their sizes."""
+
+    swa: bool = False
+    mamba: bool = False
+    window: int = 1024
+    swa_tokens: int | None = None  # None: the full capacity
+    mamba_states: int = 1024
+
+    @property
+    def label(self) -> str:
+        return "+".join(["full"] + ["swa"] * self.swa + ["mamba"] * self.mamba)
+
+
 def run_once(
-    requests: list[ChatRequest], page_size: int, capacity: int, policy: str = "lru"
+    requests: list[ChatRequest],
+    page_size: int,
+    capacity: int,
+    policy: str = "lru",
+    hybrid: Hybrid | None = None,
 ) -> dict[str, Any]:
     """Replay ``requests`` through a fresh cache; wall time per phase and hit statistics.
 
-    Per request: match -> lock -> alloc (evicting when short) -> insert(prompt + output,
-    prev_prefix_len = hit) -> free the partial tail page -> unlock.
+    Per request: match -> lock -> alloc (evicting when short; plus a state slot with MAMBA)
+    -> with SWA free the SWA pages that left the window -> insert(prompt + output,
+    prev_prefix_len = hit, swa_evicted_seqlen, mamba_value) -> free the partial tail page
+    (and the match's state copy) -> unlock.
     """
+    hybrid = hybrid or Hybrid()
     cache = UnifiedCache(
-        CacheConfig(page_size=page_size, num_tokens=capacity, eviction_policy=policy)
+        CacheConfig(
+            page_size=page_size, num_tokens=capacity, eviction_policy=policy,
+            sliding_window=hybrid.window if hybrid.swa else None,
+            swa_num_tokens=hybrid.swa_tokens if hybrid.swa else None,
+            mamba_num_states=hybrid.mamba_states if hybrid.mamba else None,
+        )
     )
-    ps = page_size
+    ps, swa, mamba, window = page_size, hybrid.swa, hybrid.mamba, hybrid.window
     t_key = t_match = t_lock = t_alloc = t_insert = t_free = 0.0
     hit_total = prompt_total = 0
     clock = time.perf_counter
@@ -52,12 +81,19 @@ def run_once(
         new = cache.alloc(len(seq) - hit)
         assert new is not None, "allocation failed after eviction: capacity below one request"
         kv = torch.cat([m.device_indices, new]) if hit else new
+        state = cache.alloc_state() if mamba else None
         t4 = clock()
         aligned = len(seq) // ps * ps
-        cache.insert(InsertParams(key=seq, value=kv[:aligned], prev_prefix_len=hit))
+        evicted = max(hit, (aligned - window) // ps * ps) if swa else 0
+        if evicted > hit:  # the engine dropped the SWA pages that left the window
+            cache.free_swa(kv[hit:evicted])
+        cache.insert(InsertParams(key=seq, value=kv[:aligned], prev_prefix_len=hit,
+                                  swa_evicted_seqlen=evicted, mamba_value=state))
         t5 = clock()
         if len(kv) > aligned:
             cache.free(kv[aligned:])
+        if m.mamba_slot is not None:
+            cache.free_state(m.mamba_slot)
         t6 = clock()
         cache.unlock(handle)
         t7 = clock()
@@ -71,7 +107,8 @@ def run_once(
         prompt_total += len(prompt)
     wall = clock() - start
     stats = cache.stats()
-    assert stats["num_locks"] == 0 and stats["held_tokens"] == 0, f"leak after the run: {stats}"
+    held = [stats.get(k, 0) for k in ("held_tokens", "swa_held_tokens", "mamba_held_states")]
+    assert stats["num_locks"] == 0 and not any(held), f"leak after the run: {stats}"
     phases = dict(zip(PHASES, (t_key, t_match, t_lock, t_alloc, t_insert, t_free), strict=True))
     return {
         "wall_s": wall,
@@ -83,10 +120,13 @@ def run_once(
     }
 
 
-def _row(page_size: int, capacity: int, runs: list[dict[str, Any]], n: int) -> dict[str, Any]:
+def _row(
+    label: str, page_size: int, capacity: int, runs: list[dict[str, Any]], n: int
+) -> dict[str, Any]:
     walls = [r["wall_s"] for r in runs]
     median = sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
     row: dict[str, Any] = {
+        "components": label,
         "page": page_size,
         "capacity": capacity,
         "req/s": n / median["wall_s"],
@@ -110,8 +150,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--policy", choices=("lru", "lfu"), default="lru")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--profile", action="store_true", help="cProfile one run per config")
+    parser.add_argument(
+        "--components", default="full",
+        help="comma list from full,swa,mamba: FULL-only always runs, plus every hybrid tree "
+        "the listed components make (full,swa,mamba: +swa, +mamba, +swa+mamba)",
+    )
+    parser.add_argument("--window", type=int, default=1024, help="SWA window (tokens)")
+    parser.add_argument("--swa-tokens", type=int, default=None, help="SWA pool (default: capacity)")
+    parser.add_argument("--mamba-states", type=int, default=1024, help="Mamba state slots")
     add_common_args(parser)
     args = parser.parse_args(argv)
+    hybrids = _hybrids(parser, args)
     torch.set_num_threads(args.threads)
     page_sizes = [int(x) for x in args.page_size.split(",")]
     capacities = [int(x) for x in args.capacity.split(",")]
@@ -120,20 +169,27 @@ def main(argv: list[str]) -> int:
     print(
         f"tree bench: {len(requests)} requests, {prompt_tokens:,} prompt tokens, seed "
         f"{args.seed}, policy {args.policy}, {args.reps} runs per config (median), "
-        f"torch threads {args.threads}"
+        f"torch threads {args.threads}, trees {', '.join(h.label for h in hybrids)}"
+        + (f", window {args.window}" if any(h.swa for h in hybrids) else "")
     )
-    run_once(requests[:200], page_sizes[0], capacities[0], args.policy)  # warm-up
+    for hybrid in hybrids:  # warm-up
+        run_once(requests[:200], page_sizes[0], capacities[0], args.policy, hybrid)
     rows, results = [], []
     for ps in page_sizes:
         ideal = ideal_hit_tokens(requests, ps) / prompt_tokens
         for cap in capacities:
-            if args.profile:
-                _profile(requests, ps, cap, args.policy)
-            runs = [run_once(requests, ps, cap, args.policy) for _ in range(args.reps)]
-            row = _row(ps, cap, runs, len(requests))
-            row["ideal hit"] = round(ideal, 3)
-            rows.append(row)
-            results.append({"page_size": ps, "capacity": cap, "row": row, "runs": runs})
+            base = 0.0
+            for hybrid in hybrids:
+                if args.profile:
+                    _profile(requests, ps, cap, args.policy, hybrid)
+                runs = [run_once(requests, ps, cap, args.policy, hybrid) for _ in range(args.reps)]
+                row = _row(hybrid.label, ps, cap, runs, len(requests))
+                row["ideal hit"] = round(ideal, 3)
+                base = base or row["req/s"]
+                row["vs full"] = round(row["req/s"] / base, 2)
+                rows.append(row)
+                results.append({"page_size": ps, "capacity": cap, "components": hybrid.label,
+                                "row": row, "runs": runs})
     print_table(rows, "per request: match -> lock -> alloc -> insert -> free tail -> unlock")
     spread = [r["best req/s"] / r["req/s"] - 1 for r in rows]
     print(f"best run within {100 * statistics.mean(spread):.1f}% of the median on average")
@@ -145,10 +201,27 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _profile(requests: list[ChatRequest], page_size: int, capacity: int, policy: str) -> None:
+def _hybrids(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[Hybrid]:
+    """FULL-only first, then each hybrid tree the ``--components`` list makes."""
+    names = {x.strip() for x in args.components.split(",") if x.strip()}
+    unknown = names - {"full", "swa", "mamba"}
+    if unknown:
+        parser.error(f"--components: unknown {sorted(unknown)}; use full, swa, mamba")
+    sizes = {"window": args.window, "swa_tokens": args.swa_tokens,
+             "mamba_states": args.mamba_states}
+    out = [Hybrid(**sizes)]
+    for swa, mamba in ((True, False), (False, True), (True, True)):
+        if (not swa or "swa" in names) and (not mamba or "mamba" in names):
+            out.append(Hybrid(swa=swa, mamba=mamba, **sizes))
+    return out
+
+
+def _profile(
+    requests: list[ChatRequest], page_size: int, capacity: int, policy: str, hybrid: Hybrid
+) -> None:
     profiler = cProfile.Profile()
     profiler.enable()
-    run_once(requests, page_size, capacity, policy)
+    run_once(requests, page_size, capacity, policy, hybrid)
     profiler.disable()
-    print(f"--- profile page {page_size} capacity {capacity}")
+    print(f"--- profile {hybrid.label} page {page_size} capacity {capacity}")
     pstats.Stats(profiler).sort_stats("tottime").print_stats(18)

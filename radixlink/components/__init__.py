@@ -1,7 +1,23 @@
 """Components: the kinds of cached state on the tree, behind one hook set. Re-exports only."""
 
+from radixlink.components.assembly import Components, Memory, build_components, build_memory
 from radixlink.components.base import SlotAllocator, TreeComponent
 from radixlink.components.full import FullComponent
+from radixlink.components.mamba import MambaComponent, StateSlots
 from radixlink.components.ownership import PageOwnership
+from radixlink.components.swa import SWAComponent, SWAFullSide
 
-__all__ = ["FullComponent", "PageOwnership", "SlotAllocator", "TreeComponent"]
+__all__ = [
+    "Components",
+    "FullComponent",
+    "MambaComponent",
+    "Memory",
+    "PageOwnership",
+    "SWAComponent",
+    "SWAFullSide",
+    "SlotAllocator",
+    "StateSlots",
+    "TreeComponent",
+    "build_components",
+    "build_memory",
+]

@@ -1,7 +1,7 @@
 """``TreeComponent``: the one hook set through which the tree and the facade reach a component.
 
 Owns default behaviour (a component that caches nothing) and the linker hooks' defaults of
-DESIGN.md section 3. Concrete components (full.py, later swa.py, mamba.py) override hooks.
+DESIGN.md section 3. Concrete components (full.py, swa.py, mamba.py) override hooks.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class TreeComponent:
 
     Hooks fall in four groups (the tree calls the first three, the facade the last):
 
-    * structure: ``bind``, ``split``, ``refresh``, ``release``;
+    * structure: ``bind``, ``split``, ``refresh``, ``keeps_leaf``, ``release``;
     * requests: ``match_accept``, ``insert_overlap``, ``insert_unevict``, ``insert_leaf``,
       ``insert_done``, ``lock``/``unlock``, ``evict``;
     * checks: ``check_node``, ``check``;
@@ -65,9 +65,8 @@ class TreeComponent:
     pool_name: ClassVar[PoolName]
     hit_policy: ClassVar[PoolHitPolicy] = PoolHitPolicy.ALL_PAGES
     # TRAILING_PAGES components: how many trailing pages a restorable prefix needs
-    # (SWA: ceil(window / page_size); MAMBA: 1). Read by the linker's LOOKUP.
+    # (SWA: ceil(window / page_size); MAMBA: 1); 0 = all pages. Read by the linker's LOOKUP.
     window_pages: int = 0
-    window_pages: int = 0  # TRAILING_PAGES pools: trailing pages needed (SWA window); 0 = all
 
     def __init__(self) -> None:
         self.index = -1
@@ -90,6 +89,11 @@ class TreeComponent:
 
     def refresh(self, node: TreeNode) -> None:
         """Re-decide ``node``'s evictable membership after a leaf or lock change."""
+
+    def keeps_leaf(self, node: TreeNode) -> bool:
+        """Whether ``node`` is still useful to this component as a leaf; the tree removes an
+        unlocked leaf (after eviction) when some component says no. Default: yes."""
+        return True
 
     def release(self, node: TreeNode, effects: Effects) -> None:
         """Release this component's data on ``node`` into ``effects`` (the node leaves the tree
@@ -139,7 +143,10 @@ class TreeComponent:
         """Write this component's part of ``result`` for the accepted ``path``."""
 
     def apply(self, effects: Effects) -> None:
-        """Carry out the slot decisions for this component in ``effects`` (free, mark)."""
+        """Carry out the slot decisions for this component in ``effects`` (free, mark).
+
+        Callers apply in reverse component order (dependents before the backbone), the same
+        order in which the tree releases a node's data."""
 
     def check_accounting(self) -> None:
         """Assert the pool's free + cached + held == total."""

@@ -16,8 +16,10 @@ _Entry = tuple[int, int, int, TreeNode]  # (primary key, secondary key, push seq
 class EvictableSet:
     """Nodes that may be evicted now, popped least-recently (or least-frequently) used first.
 
-    Keys: LRU ``(last_access, 0)``; LFU ``(hit_count, last_access)``. Both only grow, so a
-    node's entry is re-keyed lazily: touching a node just updates its fields, and ``pop``
+    Keys: LRU ``(last_access, 0)``; LFU ``(hit_count, last_access)``. With ``deep_first`` the
+    LRU tie-break is ``-seq_len``: of nodes used at the same tick (a matched path), the deepest
+    goes first, so a path is evicted leaf first. Keys only grow (``seq_len`` never changes), so
+    a node's entry is re-keyed lazily: touching a node just updates its fields, and ``pop``
     re-pushes an entry whose key went stale instead of returning it. Removal is lazy too (the
     node forgets its entry; the heap drops it when it surfaces). Every operation is
     O(log n) amortised; nothing scans the tree.
@@ -25,12 +27,20 @@ class EvictableSet:
     Args:
         index: the owning component's position (which ``node.evict_entries`` slot to use).
         policy: LRU or LFU.
+        deep_first: LRU ties go to the deepest node first (hybrid components).
     """
 
-    def __init__(self, index: int, policy: EvictionPolicy = EvictionPolicy.LRU):
+    def __init__(
+        self,
+        index: int,
+        policy: EvictionPolicy | str = EvictionPolicy.LRU,
+        *,
+        deep_first: bool = False,
+    ):
         self._heap: list[_Entry] = []
         self._index = index
         self._lfu = EvictionPolicy(policy) is EvictionPolicy.LFU
+        self._deep_first = deep_first
         self._seq = 0
         self.num_members = 0
 
@@ -99,7 +109,7 @@ class EvictableSet:
         if self._lfu:
             entry = (node.hit_count, node.last_access, self._seq, node)
         else:
-            entry = (node.last_access, 0, self._seq, node)
+            entry = (node.last_access, -node.seq_len if self._deep_first else 0, self._seq, node)
         node.evict_entries[self._index] = entry
         heapq.heappush(self._heap, entry)
 

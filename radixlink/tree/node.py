@@ -171,6 +171,7 @@ class InsertContext:
         "effects",
         "track",
         "backbone_adopted",
+        "notes",
     )
 
     def __init__(
@@ -191,6 +192,8 @@ class InsertContext:
         self.effects = effects
         self.track = params.track_adopted_ranges
         self.backbone_adopted: list[tuple[int, int]] = []
+        # Per component index: private scratch for this insert (e.g. SWA's caller live start).
+        self.notes: list[Any] = [None] * len(effects.adopted)
 
     def adopt(self, index: int, component: ComponentType, start: int, end: int, value: Any) -> None:
         """Record that component ``index`` took the caller's data for ``[start, end)``."""

@@ -52,6 +52,10 @@ class Component(Protocol):
     def refresh(self, node: TreeNode) -> None:
         """``node``'s leaf status or locks may have changed: update evictable membership."""
 
+    def keeps_leaf(self, node: TreeNode) -> bool:
+        """Whether this component can still use ``node`` as a leaf (False: the tree removes
+        it once it is an unlocked leaf, e.g. after its children were evicted)."""
+
     def release(self, node: TreeNode, effects: Effects) -> None:
         """Release this component's data on ``node`` into ``effects`` and leave the evictable
         set: the node leaves the tree, or becomes a tombstone for this component."""

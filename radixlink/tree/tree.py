@@ -44,6 +44,8 @@ class RadixTree:
         self.page_size = page_size
         self.page_bytes = page_size * TOKEN_BYTES
         self.components: tuple[Component, ...] = tuple(components)
+        # Dependents release before the backbone: they may still read its value.
+        self._release_order = self.components[::-1]
         self.num_components = len(self.components)
         self.hashing = hashing
         self.hash_algo = hash_algo
@@ -239,15 +241,16 @@ class RadixTree:
         return effects
 
     def remove_leaf(self, node: TreeNode, effects: Effects) -> None:
-        """Remove leaf ``node`` (every component releases its data into ``effects``); a parent
-        left as a leaf holding only tombstones goes too. ``before_evict`` (if set) sees each
-        node that still holds backbone data first, while that data is intact."""
+        """Remove leaf ``node`` (every component releases its data into ``effects``); an
+        unlocked parent left as a leaf that some component no longer keeps goes too.
+        ``before_evict`` (if set) sees each node that still holds backbone data first, while
+        that data is intact."""
         while True:
             assert not node.children and node.parent is not None, f"remove_leaf({node})"
             assert not any(node.lock_refs), f"remove_leaf of locked {node}"
             if self.before_evict is not None and node.values[0] is not None:
                 self.before_evict(node)
-            for component in self.components:
+            for component in self._release_order:
                 component.release(node, effects)
             parent = node.parent
             del parent.children[node.key[: self.page_bytes]]
@@ -256,7 +259,7 @@ class RadixTree:
             self.num_nodes -= 1
             if parent.parent is None or parent.children:
                 return
-            if any(v is not None for v in parent.values) or any(parent.lock_refs):
+            if any(parent.lock_refs) or self._keeps_leaf(parent):
                 for component in self.components:
                     component.refresh(parent)
                 return
@@ -264,19 +267,24 @@ class RadixTree:
 
     def tombstone(self, node: TreeNode, index: int, effects: Effects) -> None:
         """Release component ``index``'s data on ``node``, keeping the node for the others.
-        The backbone's data goes with every component's (they all depend on it). A leaf left
-        holding only tombstones is removed."""
+        The backbone's data goes with every component's (they all depend on it). An unlocked
+        leaf some component no longer keeps (see ``_keeps_leaf``) is removed."""
         assert node.parent is not None, f"tombstone of a root {node}"
         if index == 0 and self.before_evict is not None and node.values[0] is not None:
             self.before_evict(node)
-        released = self.components if index == 0 else (self.components[index],)
+        released = self._release_order if index == 0 else (self.components[index],)
         for component in released:
             component.release(node, effects)
-        if not node.children and not any(node.lock_refs) and all(v is None for v in node.values):
+        if not node.children and not any(node.lock_refs) and not self._keeps_leaf(node):
             self.remove_leaf(node, effects)
             return
         for component in self.components:
             component.refresh(node)
+
+    def _keeps_leaf(self, node: TreeNode) -> bool:
+        """Whether leaf ``node`` is still worth keeping: every component can use it (the
+        backbone has its data; e.g. a leaf with no window data can never be matched)."""
+        return all(component.keeps_leaf(node) for component in self.components)
 
     # ------------------------------------------------------------------ locks
 
