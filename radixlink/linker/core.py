@@ -12,20 +12,11 @@ import time
 from collections import Counter
 from typing import Any
 
-import numpy as np
-import torch
-
-from radixlink.contract import (
-    ExternalLinkerLoadPhase,
-    InsertParams,
-    LinkerTransferPhase,
-    MatchResult,
-    PoolName,
-    PoolTransfer,
-)
+from radixlink.contract import InsertParams, MatchResult, PoolTransfer
 from radixlink.hashing import namespace_id
-from radixlink.linker.lookup import restorable_pages, tail_hashes
+from radixlink.linker.lookup import find_restorable
 from radixlink.linker.offload import OffloadPolicy
+from radixlink.linker.phases import abort, prepare, publish
 from radixlink.linker.ranks import LocalRankGroup, RankGroup
 from radixlink.linker.records import Load, LoadOutcome, Lookup, pool_writer
 from radixlink.linker.worker import Completion, PoolPages, TransferStatus, TransferWorker
@@ -33,11 +24,7 @@ from radixlink.stores.base import Store
 from radixlink.stores.keys import page_key
 from radixlink.stores.registry import open_store
 
-_PREPARE, _COMMIT, _ABORT = (
-    ExternalLinkerLoadPhase.PREPARE,
-    ExternalLinkerLoadPhase.COMMIT,
-    ExternalLinkerLoadPhase.ABORT,
-)
+MAX_LOOKUPS = 1 << 16  # remembered lookups not yet loaded; the oldest go first past this
 
 
 class ExternalCacheLinker:
@@ -99,6 +86,7 @@ class ExternalCacheLinker:
         self._completions: dict[int, Completion] = {}
         self._submitted: list[int] = []  # job ids not yet applied, in submission order
         self._publishing = False
+        self._applying = False
         self._closed = False
         self.offload = OffloadPolicy(
             self,
@@ -129,23 +117,15 @@ class ExternalCacheLinker:
         Called by ``cache.match_prefix``. A store error is a miss (counted).
         """
         self._lookups.pop(req_id, None)
-        ps, prefix = self.page_size, result.prefix_len
-        tokens = np.frombuffer(key, dtype="<u4")
-        num_pages = len(tokens) // ps - prefix // ps
-        pages: list[int] = []
-        keys: list[str] = []
-        if num_pages > 0:
-            keys = tail_hashes(self.cache, result, tokens, self._namespace(namespace))
-            pages = restorable_pages(self, keys, namespace)
-        best = max(self.ranks.intersect(pages, num_pages), default=0) if num_pages > 0 else 0
+        found = find_restorable(self, result, key, namespace)
         self._stats["lookups"] += 1
-        result.external_hit_len = best * ps
-        if best:
-            self._stats["lookup_hit_pages"] += best
-            self._lookups[req_id] = Lookup(
-                tokens=tokens[: prefix + best * ps], prefix_len=prefix,
-                last_node=result.last_node, keys=keys[:best], namespace=namespace,
-            )
+        result.external_hit_len = 0 if found is None else found.num_pages * self.page_size
+        if found is not None:
+            self._stats["lookup_hit_pages"] += found.num_pages
+            if len(self._lookups) >= MAX_LOOKUPS:  # NOTE: engines may look up and never load
+                del self._lookups[next(iter(self._lookups))]
+                self._stats["lookups_dropped"] += 1
+            self._lookups[req_id] = found
 
     @property
     def _components(self) -> tuple[Any, ...]:
@@ -177,7 +157,11 @@ class ExternalCacheLinker:
             self._by_req[req_id] = load
             self._stats["shared_loads"] += 1
             return True
-        if not self._prepare(load):
+        prepared = prepare(self._components, load)
+        agreed = self.ranks.all_ok(prepared)  # NOTE: one rank short of room fails it on all
+        if prepared and not agreed:
+            abort(self._components, load)
+        if not agreed:
             self.cache.unlock(handle)
             self._stats["failures_prepare"] += 1
             return False
@@ -193,34 +177,6 @@ class ExternalCacheLinker:
         self._by_signature[lookup.signature] = load
         self._stats["loads_started"] += 1
         return True
-
-    def _prepare(self, load: Load) -> bool:
-        """LOAD + PREPARE on every taking-part component; on a refusal ABORT the prepared
-        ones in reverse order and report False."""
-        keys, prefix = load.lookup.keys, load.lookup.prefix_len
-        full: PoolTransfer | None = None
-        for component in self._components:
-            transfer = component.build_external_linker_transfer(LinkerTransferPhase.LOAD, None,
-                                                                 keys)
-            if transfer is not None:
-                if full is None:
-                    full = transfer
-                transfer = component.update_external_linker_load(
-                    _PREPARE, load, full, transfer, prefix)
-            if transfer is None and component.build_external_linker_transfer(
-                    LinkerTransferPhase.LOOKUP, None, keys) is not None:
-                self._abort_transfers(load)
-                return False
-            load.transfers.append(transfer)
-        return full is not None
-
-    def _abort_transfers(self, load: Load) -> None:
-        full = load.transfers[0] if load.transfers else None
-        for component, transfer in reversed(list(zip(self._components, load.transfers))):
-            if transfer is not None:
-                component.update_external_linker_load(
-                    _ABORT, load, full, transfer, load.lookup.prefix_len)
-        load.transfers = []
 
     # ---------------------------------------------------------------- completions
 
@@ -242,10 +198,10 @@ class ExternalCacheLinker:
         deadline = time.monotonic() + limit
         while req_id not in self._ready:
             left = deadline - time.monotonic()
-            if left <= 0:
+            if self._agree_expired([left <= 0])[0]:
                 self._fail_late(self._by_req[req_id])
                 break
-            self._process(self._worker.drain(block_for=min(left, 0.05)))
+            self._process(self._worker.drain(block_for=min(max(left, 0.0), 0.05)))
         outcome = self._ready.pop(req_id)
         return outcome
 
@@ -255,23 +211,44 @@ class ExternalCacheLinker:
         return out
 
     def _process(self, completions: list[Completion]) -> None:
-        """Apply completions strictly in submission order, so every rank applies (and agrees
-        on) them in the same sequence."""
+        """Apply completions strictly in submission order, as many as every rank has, so all
+        ranks apply (and agree on) the same ones in the same sequence."""
         for done in completions:
             self._completions[done.job_id] = done
-        while self._submitted and self._submitted[0] in self._completions:
-            job_id = self._submitted.pop(0)
-            done = self._completions.pop(job_id)
-            if done.kind == "load":
-                self._finish_load(self._loads.pop(job_id), done)
-            else:
-                self.offload.finish(done)
+        if self._applying:  # NOTE: re-entered through a publish's insert; the outer loop applies
+            return
+        self._applying = True
+        try:
+            ready = 0
+            while ready < len(self._submitted) and self._submitted[ready] in self._completions:
+                ready += 1
+            if self.ranks.world_size > 1:  # NOTE: completions arrive at different times per
+                ready = self.ranks.agree_count(ready)  # rank; apply (and agree on) the same ones
+            for _ in range(ready):
+                job_id = self._submitted.pop(0)
+                done = self._completions.pop(job_id)
+                if done.kind == "load":
+                    self._finish_load(self._loads.pop(job_id), done)
+                else:
+                    self.offload.finish(done)
+        finally:
+            self._applying = False
 
     def _expire(self) -> None:
         now = time.monotonic()
-        for load in list(self._by_req.values()):
-            if not load.delivered and now - load.started > self.load_timeout_s:
+        loads = [load for load in self._by_req.values() if not load.delivered]
+        if not loads:
+            return
+        late = self._agree_expired([now - load.started > self.load_timeout_s for load in loads])
+        for load, expired in zip(loads, late):
+            if expired:
                 self._fail_late(load)
+
+    def _agree_expired(self, expired: list[bool]) -> list[bool]:
+        """A deadline passed on any rank passed on all (a collective with several ranks)."""
+        if self.ranks.world_size == 1:
+            return expired
+        return [not ok for ok in self.ranks.all_reduce_min([0 if e else 1 for e in expired])]
 
     def _fail_late(self, load: Load) -> None:
         """The load ran past its timeout: the caller gets a failed outcome now; the reserved
@@ -280,6 +257,7 @@ class ExternalCacheLinker:
         if leader.job_id is not None and not leader.timed_out:
             leader.timed_out = True
             self._worker.cancel(leader.job_id)
+            self._forget_signature(leader)  # later requests must not join a doomed transfer
             self._stats["failures_timeout"] += 1
         for member in [leader, *leader.followers]:
             self._deliver_failure(member, "timeout")
@@ -290,48 +268,33 @@ class ExternalCacheLinker:
             self._stats["checksum_misses"] += 1
         if not ok:
             self._stats["failures_load"] += 1
-            self._abort_transfers(load)
-            self._by_signature.pop(load.lookup.signature, None)
+            abort(self._components, load)
+            self._forget_signature(load)
+            reason = (done.detail or done.status.value) if not done.ok else (
+                "timeout" if load.timed_out else "closed" if self._closed else
+                "another rank failed")
             for member in [load, *load.followers]:
-                self._deliver_failure(member, done.detail or done.status.value)
+                self._deliver_failure(member, reason)
             return
         self._publish(load)
         self._stats["loaded_bytes"] += done.num_bytes
         self._stats["loaded_pages"] += load.lookup.num_pages
-        self._by_signature.pop(load.lookup.signature, None)
+        self._forget_signature(load)
         for member in [load, *load.followers]:
             self._deliver_success(member)
 
+    def _forget_signature(self, load: Load) -> None:
+        if self._by_signature.get(load.lookup.signature) is load:
+            del self._by_signature[load.lookup.signature]
+
     def _publish(self, load: Load) -> None:
         """Insert the verified pages (tracking adoption), then COMMIT every component."""
-        lookup, prefix = load.lookup, load.lookup.prefix_len
-        full = load.transfers[0]
-        assert full is not None and full.device_indices is not None, "a load without FULL"
-        device = self.cache.match_prefix(lookup.tokens[:prefix], namespace=lookup.namespace)
-        mamba = next((t for t in load.transfers if t is not None and t.name is PoolName.MAMBA),
-                     None)
-        params = InsertParams(
-            key=lookup.tokens,
-            value=torch.cat([device.device_indices[:prefix], full.device_indices]),
-            prev_prefix_len=prefix,
-            swa_evicted_seqlen=load.swa_evicted_seqlen,
-            mamba_value=None if mamba is None else int(mamba.device_indices.reshape(-1)[0]),
-            track_adopted_ranges=True,
-            namespace=lookup.namespace,
-        )
-        if device.mamba_slot is not None:
-            self.cache.free_state(device.mamba_slot)
-        self._publishing = True
+        self._publishing = True  # NOTE: the publishing insert is not a hit and offloads nothing
         try:
-            result = self.cache.insert(params)
+            result = publish(self.cache, self._components, load)
         finally:
             self._publishing = False
-        for component, transfer in zip(self._components, load.transfers):
-            if transfer is not None:
-                component.update_external_linker_load(
-                    _COMMIT, load, full, transfer, prefix, insert_result=result,
-                    canonical_full=None)
-        self.offload.mark_loaded(result.last_node, prefix)
+        self.offload.mark_loaded(result.last_node, load.lookup.prefix_len)
 
     def _deliver_success(self, load: Load) -> None:
         lookup = load.lookup
@@ -396,8 +359,12 @@ class ExternalCacheLinker:
         linker holds (in that order). Idempotent."""
         if self._closed:
             return
-        self._worker.wait_idle(self.load_timeout_s)
         self._closed = True
+        for job_id in self._loads:  # NOTE: they are aborted anyway; skip their pool writes
+            self._worker.cancel(job_id)
+        # NOTE: joins every queued and running transfer (a bounded wait would leave reserved
+        # slots that a late worker write may still land in); then every completion is applied.
+        self._worker.close()
         self._process(self._worker.drain())
         for load in list(self._by_req.values()):
             self._deliver_failure(load, "closed")
@@ -405,7 +372,6 @@ class ExternalCacheLinker:
             self.cache.unlock(outcome.lock)
             if outcome.match is not None and outcome.match.mamba_slot is not None:
                 self.cache.free_state(outcome.match.mamba_slot)
-        self._worker.close()
         self.cache.detach_linker(self)
         if self._owns_store:
             self.store.close()

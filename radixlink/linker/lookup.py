@@ -2,6 +2,7 @@
 restore (through the one pure rule in ``restorable.py``).
 
 Owns nothing stateful; reads the tree only through a ``MatchResult`` and component hooks.
+A store failure of any kind (``StoreError``, or an ``OSError`` a backend let through) is a miss.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 from radixlink.contract import LinkerTransferPhase, MatchResult, PoolTransfer
 from radixlink.errors import StoreError
 from radixlink.hashing import page_hashes
+from radixlink.linker.records import Lookup
 from radixlink.linker.restorable import presence_from_store, restorable_prefix_pages
 
 
@@ -47,9 +49,28 @@ def restorable_pages(linker: Any, keys: list[str], namespace: Any) -> list[int]:
     store_keys = [k for t in transfers for k in linker.store_keys(t, namespace)]
     try:
         exists = linker.store.exists(store_keys)
-    except StoreError:
+    except (StoreError, OSError):
         linker.count("failures_lookup")
         return []
     windows = {c.pool_name: c.window_pages for c in components if c.window_pages > 0}
     presence = presence_from_store(transfers, exists, window_pages=windows)
     return restorable_prefix_pages(len(keys), presence).restorable_prefix_pages
+
+
+def find_restorable(linker: Any, result: MatchResult, key: bytes, namespace: Any) -> Lookup | None:
+    """What the store can restore after the device match ``result`` of ``key`` (packed uint32
+    tokens), agreed across ranks (a collective when there are whole pages to look up), or None.
+    """
+    ps, prefix = linker.page_size, result.prefix_len
+    tokens = np.frombuffer(key, dtype="<u4")
+    num_pages = len(tokens) // ps - prefix // ps
+    if num_pages <= 0:
+        return None
+    own = linker.cache.config.namespace if namespace is None else namespace
+    keys = tail_hashes(linker.cache, result, tokens, own)
+    pages = restorable_pages(linker, keys, namespace)
+    best = max(linker.ranks.intersect(pages, num_pages), default=0)
+    if not best:
+        return None
+    return Lookup(tokens=tokens[: prefix + best * ps], prefix_len=prefix,
+                  last_node=result.last_node, keys=keys[:best], namespace=namespace)

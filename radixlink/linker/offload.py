@@ -106,7 +106,7 @@ class OffloadPolicy:
         if not chain:
             return False
         pools: dict[PoolName, tuple[list[str], list[Any]]] = {}
-        num_pages = 0
+        num_pages, namespace = 0, _namespace_of(chain[0])
         for node in chain:
             for component in self.linker.cache.components:
                 transfer = component.build_external_linker_transfer(
@@ -116,7 +116,7 @@ class OffloadPolicy:
                 if self.replicated(transfer.name) and self.linker.ranks.rank != 0:
                     continue  # NOTE: identical bytes on every rank are written by rank 0 only
                 keys, payloads = pools.setdefault(transfer.name, ([], []))
-                keys.extend(self.linker.store_keys(transfer))
+                keys.extend(self.linker.store_keys(transfer, namespace))
                 payloads.extend(pool_payloads(self.linker.cache.pool(transfer.name), transfer))
                 num_pages += len(transfer.keys)
         num_bytes = sum(int(p.numel()) for _, payloads in pools.values() for p in payloads)
@@ -177,18 +177,18 @@ class OffloadPolicy:
             node = node.parent
         if not stale:
             return
-        keys_per_node = []
+        keys_per_node, namespace = [], _namespace_of(stale[0])
         for item in stale:
             keys: list[str] = []
             for component in self.linker.cache.components:
                 transfer = component.build_external_linker_transfer(
                     LinkerTransferPhase.OFFLOAD, item, item.hash_value)
                 if transfer is not None:
-                    keys.extend(self.linker.store_keys(transfer))
+                    keys.extend(self.linker.store_keys(transfer, namespace))
             keys_per_node.append(keys)
         try:
             present = self.linker.store.exists([k for keys in keys_per_node for k in keys])
-        except StoreError:
+        except (StoreError, OSError):  # NOTE: a backend's stray OSError is a failed check too
             self._stats["failures_revalidate"] += 1
             return
         self._stats["revalidations"] += 1
@@ -211,3 +211,10 @@ class OffloadPolicy:
                                                                                "decoded")})
         out["codec_misses"] = dict(misses)
         return out
+
+
+def _namespace_of(node: Any) -> Any:
+    """The namespace of ``node``'s tree: its root's (a request namespace, or the cache's)."""
+    while node.parent is not None:
+        node = node.parent
+    return node.namespace

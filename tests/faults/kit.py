@@ -1,0 +1,199 @@
+"""Shared kit of the reliability tests: a small KV layout, a deterministic "model" that writes
+K/V per (namespace, token, position), one-request flows through cache + linker, and the checks
+every fault case ends with (invariants, exact accounting, no unverified page in the tree).
+
+Owns nothing of the library; used by tests/faults, tests/property and tests/integration.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from radixlink.cache import UnifiedCache
+from radixlink.config import CacheConfig
+from radixlink.contract import InsertParams, PoolName
+from radixlink.hashing import Namespace, namespace_id
+from radixlink.memory.layout import KVLayout
+from radixlink.stores.codec import PageCodec
+
+PS = 4
+LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, dtype=torch.float32, page_size=PS)
+TOKENS = list(range(100, 140))  # 40 tokens = 10 pages
+TESTS_DIR = Path(__file__).resolve().parents[1]
+REPO_ROOT = TESTS_DIR.parent
+
+
+def make_cache(num_tokens: int = 256, namespace: Namespace | None = None) -> UnifiedCache:
+    return UnifiedCache(CacheConfig(page_size=PS, num_tokens=num_tokens, kv_layout=LAYOUT,
+                                    namespace=namespace, enable_external_cache_linker=True))
+
+
+def kv_codec() -> PageCodec:
+    """The codec a linker uses for LAYOUT's full-attention pool."""
+    return PageCodec(LAYOUT.fingerprint(PoolName.KV), LAYOUT.page_bytes)
+
+
+# ---------------------------------------------------------------- the deterministic "model"
+
+
+def salt_of(namespace: Any) -> float:
+    """A per-namespace constant the model writes into head 1: pages of one namespace served
+    to another would carry the wrong salt."""
+    return float(int(namespace_id(namespace), 16) % 997 + 1)
+
+
+def expected_kv(tokens: Any, start: int, salt: float, layer: int) -> tuple[torch.Tensor, ...]:
+    """K and V ``[n, 2, 8]`` the model writes for ``tokens`` at positions ``start..``."""
+    tok = torch.as_tensor(np.asarray(tokens, dtype=np.int64), dtype=torch.float32)
+    pos = torch.arange(start, start + tok.numel(), dtype=torch.float32)
+    k = torch.empty(tok.numel(), 2, 8)
+    v = torch.empty(tok.numel(), 2, 8)
+    k[:, 0, :] = (tok * 10 + pos + layer)[:, None]
+    k[:, 1, :] = salt + layer
+    v[:, 0, :] = (-tok - pos - layer)[:, None]
+    v[:, 1, :] = -salt
+    return k, v
+
+
+def write_kv(cache: UnifiedCache, slots: torch.Tensor, tokens: Any, start: int,
+             namespace: Any = None) -> None:
+    """What a model writes at ``slots`` for ``tokens`` at positions ``start..``."""
+    pool = cache.pool(PoolName.KV)
+    assert pool is not None
+    salt = salt_of(cache.config.namespace if namespace is None else namespace)
+    for layer in range(LAYOUT.num_layers):
+        k, v = expected_kv(tokens, start, salt, layer)
+        pool.k(layer)[slots] = k
+        pool.v(layer)[slots] = v
+
+
+def kv_matches(cache: UnifiedCache, slots: torch.Tensor, tokens: Any, start: int,
+               namespace: Any = None) -> bool:
+    """Whether ``slots`` hold exactly what the model writes for ``tokens`` at ``start..``."""
+    pool = cache.pool(PoolName.KV)
+    assert pool is not None
+    salt = salt_of(cache.config.namespace if namespace is None else namespace)
+    for layer in range(LAYOUT.num_layers):
+        k, v = expected_kv(tokens, start, salt, layer)
+        if not (torch.equal(pool.k(layer)[slots], k) and torch.equal(pool.v(layer)[slots], v)):
+            return False
+    return True
+
+
+# ---------------------------------------------------------------- checks
+
+
+def verify_tree(cache: UnifiedCache) -> None:
+    """No unverified page in the tree: every cached page holds exactly the K/V the model wrote
+    for its tokens, positions and namespace."""
+    for root in cache.tree.roots():
+        stack = list(root.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            slots = node.values[0]
+            if slots is None:
+                continue
+            tokens = np.frombuffer(node.key, dtype="<u4")
+            assert kv_matches(cache, slots, tokens, node.start, root.namespace), (
+                f"{node}: K/V differ from what the model wrote (an unverified page)"
+            )
+
+
+def assert_exact(cache: UnifiedCache, *, locks: int = 0) -> None:
+    """Invariants hold, nobody but the tree holds a slot, free + cached == total, ``locks``
+    lock receipts are live, and every tree page is verified."""
+    cache.check_invariants()
+    stats = cache.stats()
+    assert stats["held_tokens"] == 0, stats
+    assert stats["free_tokens"] + stats["cached_tokens"] == stats["total_tokens"], stats
+    assert stats["num_locks"] == locks, stats
+    verify_tree(cache)
+
+
+# ---------------------------------------------------------------- one request
+
+
+def serve(cache: UnifiedCache, tokens: list[int], namespace: Any = None) -> int:
+    """One request without a store load: match, compute the rest, insert, unlock. Returns the
+    device prefix it found."""
+    m = cache.match_prefix(tokens, namespace=namespace)
+    assert kv_matches(cache, m.device_indices, tokens[: m.prefix_len], 0, namespace)
+    handle = cache.lock(m.last_node)
+    new = cache.alloc(len(tokens) - m.prefix_len)
+    assert new is not None, "no room for the request"
+    kv = torch.cat([m.device_indices, new])
+    write_kv(cache, kv[m.prefix_len : len(tokens)], tokens[m.prefix_len :], m.prefix_len,
+             namespace)
+    n = len(tokens) // PS * PS
+    cache.insert(InsertParams(key=tokens, value=kv[:n], prev_prefix_len=m.prefix_len,
+                              namespace=namespace))
+    if kv.shape[0] > n:
+        cache.free(kv[n:])
+    cache.unlock(handle)
+    return m.prefix_len
+
+
+def request(cache: UnifiedCache, linker: Any, tokens: list[int], req_id: Any,
+            namespace: Any = None, timeout: float | None = None) -> dict[str, Any]:
+    """The engine's flow: match (+ LOOKUP), load when the store has more, check that what is
+    served is exactly the model's K/V, compute the rest, insert, unlock. Never raises for a
+    store fault; returns what happened."""
+    m = cache.match_prefix(tokens, req_id=req_id, namespace=namespace)
+    out = None
+    if m.external_hit_len and linker.load(req_id):
+        out = linker.wait_load(req_id, timeout=timeout)
+        prefix, slots, handle = out.prefix_len, out.device_indices, out.lock
+    else:
+        prefix, slots, handle = m.prefix_len, m.device_indices, cache.lock(m.last_node)
+    assert kv_matches(cache, slots, tokens[:prefix], 0, namespace), "served wrong K/V"
+    new = cache.alloc(len(tokens) - prefix)
+    assert new is not None, "no room for the request"
+    kv = torch.cat([slots, new])
+    write_kv(cache, kv[prefix : len(tokens)], tokens[prefix:], prefix, namespace)
+    n = len(tokens) // PS * PS
+    cache.insert(InsertParams(key=tokens, value=kv[:n], prev_prefix_len=prefix,
+                              namespace=namespace))
+    if kv.shape[0] > n:
+        cache.free(kv[n:])
+    cache.unlock(handle)
+    return {"device": m.prefix_len, "hit": m.external_hit_len, "prefix": prefix,
+            "ok": None if out is None else out.ok, "reason": "" if out is None else out.reason}
+
+
+# ---------------------------------------------------------------- child processes
+
+
+def child_env() -> dict[str, str]:
+    """Environment for a child Python that imports radixlink and this kit."""
+    path = os.pathsep.join([str(REPO_ROOT), str(TESTS_DIR)])
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def run_child(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                          timeout=timeout, env=child_env())
+
+
+def kill(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL a child we started, by PID, and reap it."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def offload(cache: UnifiedCache, linker: Any, tokens: list[int] = TOKENS,
+            namespace: Any = None) -> None:
+    """Compute ``tokens`` on ``cache`` and wait until write_through has put them in the store."""
+    serve(cache, tokens, namespace)
+    assert linker.flush(timeout=30)
+    node = cache.match_prefix(tokens, namespace=namespace).last_node
+    assert node.external_cache_stored, linker.stats()
