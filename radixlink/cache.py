@@ -22,6 +22,7 @@ from radixlink.contract import (
     MatchResult,
     PoolName,
 )
+from radixlink.metrics import KVEventQueue
 from radixlink.tree.invariants import check_tree
 from radixlink.tree.keys import KeyPacker
 from radixlink.tree.node import Effects, LockHandle, TreeNode
@@ -71,6 +72,8 @@ class UnifiedCache:
         self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
         self._packer = KeyPacker()
         self._counters = {"match_calls": 0, "match_tokens": 0, "hit_tokens": 0, "insert_calls": 0}
+        self.quiet_matches = 0  # > 0 while the linker re-matches: those are not request hits
+        self.kv_events: KVEventQueue | None = None
 
     @property
     def components(self) -> tuple[TreeComponent, ...]:
@@ -106,22 +109,19 @@ class UnifiedCache:
         """
         key = self._packer.pack(tokens)
         path = self.tree.match(key, namespace)
-        result = MatchResult(
-            device_indices=self._empty,
-            prefix_len=path.prefix_len,
-            last_node=path.last_node,
-            node_offset=path.node_offset,
-        )
+        result = MatchResult(device_indices=self._empty, prefix_len=path.prefix_len,
+                             last_node=path.last_node, node_offset=path.node_offset)
         for component in self._components:
             component.fill_match(result, path)
         if self._mamba is not None and path.prefix_len:
             result.mamba_slot = self._copy_state(path.last_node)
             if result.mamba_slot is None:
                 result = self._empty_match(path.last_node)
-        counters = self._counters
-        counters["match_calls"] += 1
-        counters["match_tokens"] += len(key) >> 2
-        counters["hit_tokens"] += result.prefix_len
+        if not self.quiet_matches:
+            counters = self._counters
+            counters["match_calls"] += 1
+            counters["match_tokens"] += len(key) >> 2
+            counters["hit_tokens"] += result.prefix_len
         if req_id is not None and self._linker is not None:
             self._linker.lookup(result, key, req_id, namespace)
         return result
@@ -207,9 +207,8 @@ class UnifiedCache:
                 ``mamba_value`` that is not a held state slot, or options this cache has no
                 component for; nothing changes.
         """
-        key, aligned_len = check_insert(
-            params, self.page_size, self.device, self._packer.pack_extension
-        )
+        key, aligned_len = check_insert(params, self.page_size, self.device,
+                                        self._packer.pack_extension)
         value = params.value
         if params.mamba_value is not None:
             if self._mamba is None:
@@ -349,6 +348,11 @@ class UnifiedCache:
             out.update(component.stats())
         out.update(self._counters)
         return out
+
+    def enable_kv_events(self, queue: KVEventQueue | None = None) -> KVEventQueue:
+        """Emit device (and the linker's store) ``KVEvent``s into ``queue`` (new by default)."""
+        self.kv_events = self.tree.kv_events = KVEventQueue() if queue is None else queue
+        return self.kv_events
 
     def check_invariants(self) -> None:
         """Assert the tree's structural rules and, per pool, free + cached + held == total."""

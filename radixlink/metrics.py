@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlink.hashing import namespace_id as _namespace_id
+
 PREFIX = "radixlink"
 DEFAULT_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                   5.0, 10.0)
@@ -93,9 +95,10 @@ def collect(cache: Mapping[str, Any] | None = None, linker: Mapping[str, Any] | 
     """Metric families from stat dicts (any may be None).
 
     Per-tier hits are ``radixlink_hit_tokens_total{tier="device"|"store"}`` (store tokens =
-    loaded pages x the cache's page size), bytes moved ``radixlink_bytes_moved_total{
-    direction="load"|"offload"}``, failures ``radixlink_linker_failures_total{phase=...}``,
-    and every ``*_seconds`` histogram snapshot in the linker's stats a histogram.
+    the linker's ``loaded_tokens``, else loaded pages x the cache's page size), bytes moved
+    ``radixlink_bytes_moved_total{direction="load"|"offload"}``, failures
+    ``radixlink_linker_failures_total{phase=...}``, and every ``*_seconds`` histogram
+    snapshot in the linker's stats a histogram.
     """
     out = _Families(labels or {})
     page_size = int((cache or {}).get("page_size", 0))
@@ -123,7 +126,10 @@ def collect(cache: Mapping[str, Any] | None = None, linker: Mapping[str, Any] | 
         elif _is_number(value):
             kind = "gauge" if key in _LINKER_GAUGES else "counter"
             out.add(f"linker_{key}", kind, f"linker.stats()['{key}']", value)
-    if linker is not None and page_size and "loaded_pages" in linker:
+    if linker is not None and "loaded_tokens" in linker:
+        out.add("hit_tokens", "counter", "Prompt tokens served from a tier.",
+                int(linker["loaded_tokens"]), tier="store")
+    elif linker is not None and page_size and "loaded_pages" in linker:
         out.add("hit_tokens", "counter", "Prompt tokens served from a tier.",
                 int(linker["loaded_pages"]) * page_size, tier="store")
     for key, value in (store or {}).items():
@@ -238,7 +244,9 @@ class Tier(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KVEvent:
-    """Pages stored in or removed from one tier, by chained page hash (page 0 first)."""
+    """Pages stored in or removed from one tier, by chained page hash (page 0 first; empty
+    when the cache does not hash pages), with the tree node's id and absolute token range
+    ``[start, end)`` when known (a node no longer in the tree has no range)."""
 
     kind: KVEventKind
     tier: Tier
@@ -246,6 +254,8 @@ class KVEvent:
     namespace_id: str = ""
     node_id: str = ""
     timestamp: float = 0.0
+    tree_node_id: int | None = None
+    token_range: tuple[int, int] | None = None
 
 
 class KVEventQueue:
@@ -267,20 +277,32 @@ class KVEventQueue:
         self._lock = threading.Lock()
         self._emitted = self._dropped = 0
 
-    def emit(self, kind: KVEventKind, tier: Tier, page_hashes: Sequence[str],
-             namespace_id: str = "") -> None:
-        """Append one event (a no-op for no pages)."""
-        if not page_hashes:
+    def emit(self, kind: KVEventKind | str, tier: Tier | str, page_hashes: Sequence[str],
+             namespace_id: str = "", *, tree_node_id: int | None = None,
+             token_range: tuple[int, int] | None = None) -> None:
+        """Append one event (a no-op for no pages and no tree node)."""
+        if not page_hashes and tree_node_id is None:
             return
         event = KVEvent(kind=KVEventKind(kind), tier=Tier(tier), page_hashes=tuple(page_hashes),
                         namespace_id=namespace_id, node_id=self.node_id,
-                        timestamp=time.time())
+                        timestamp=time.time(), tree_node_id=tree_node_id,
+                        token_range=token_range)
         with self._lock:
             self._events.append(event)
             self._emitted += 1
             if len(self._events) > self._max:
                 self._events.popleft()
                 self._dropped += 1
+
+    def emit_node(self, kind: KVEventKind | str, tier: Tier | str, node: Any) -> None:
+        """One event for a tree node's pages (its hashes, id, range and root's namespace)."""
+        root = node
+        while root.parent is not None:
+            root = root.parent
+        alive = node.seq_len >= 0
+        ns = _namespace_id(root.namespace) if alive and root is not node else ""
+        self.emit(kind, tier, node.hash_value or (), ns, tree_node_id=int(node.node_id),
+                  token_range=(node.start, node.seq_len) if alive else None)
 
     def drain(self, max_events: int | None = None) -> list[KVEvent]:
         """Remove and return the oldest events (all of them by default), in emit order."""

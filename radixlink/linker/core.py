@@ -9,7 +9,6 @@ worker's threads, everything that touches the tree runs on the caller's thread.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from typing import Any
 
 from radixlink.contract import InsertParams, MatchResult, PoolTransfer
@@ -19,6 +18,7 @@ from radixlink.linker.offload import OffloadPolicy
 from radixlink.linker.phases import abort, prepare, publish
 from radixlink.linker.ranks import LocalRankGroup, RankGroup
 from radixlink.linker.records import Load, LoadOutcome, Lookup, pool_writer
+from radixlink.linker.stats import LinkerStats, quiet_matches
 from radixlink.linker.worker import Completion, PoolPages, TransferStatus, TransferWorker
 from radixlink.stores.base import Store
 from radixlink.stores.keys import page_key
@@ -76,7 +76,8 @@ class ExternalCacheLinker:
         self.ranks = ranks or LocalRankGroup()
         self.page_size: int = cache.page_size
         self.load_timeout_s = load_timeout_s
-        self._stats: Counter[str] = Counter()
+        self.metrics = LinkerStats()
+        self._stats = self.metrics.counters
         self._worker = TransferWorker(self.store, num_threads)
         self._lookups: dict[Any, Lookup] = {}
         self._loads: dict[int, Load] = {}  # job id -> leader load
@@ -227,6 +228,7 @@ class ExternalCacheLinker:
             for _ in range(ready):
                 job_id = self._submitted.pop(0)
                 done = self._completions.pop(job_id)
+                self.metrics.observe(done)
                 if done.kind == "load":
                     self._finish_load(self._loads.pop(job_id), done)
                 else:
@@ -291,28 +293,33 @@ class ExternalCacheLinker:
         """Insert the verified pages (tracking adoption), then COMMIT every component."""
         self._publishing = True  # NOTE: the publishing insert is not a hit and offloads nothing
         try:
-            result = publish(self.cache, self._components, load)
+            with quiet_matches(self.cache):
+                result = publish(self.cache, self._components, load)
         finally:
             self._publishing = False
         self.offload.mark_loaded(result.last_node, load.lookup.prefix_len)
 
     def _deliver_success(self, load: Load) -> None:
         lookup = load.lookup
-        match = self.cache.match_prefix(lookup.tokens, namespace=lookup.namespace)
+        with quiet_matches(self.cache):
+            match = self.cache.match_prefix(lookup.tokens, namespace=lookup.namespace)
         handle = self.cache.lock(match.last_node)
         self.cache.unlock(load.handle)
+        loaded_len = max(0, match.prefix_len - lookup.prefix_len)
+        self._stats["loaded_tokens"] += loaded_len  # the store tier's hits, per request
         self._finish(load, LoadOutcome(
             req_id=load.req_id, ok=True, prefix_len=match.prefix_len,
             device_indices=match.device_indices, last_node=match.last_node, lock=handle,
-            loaded_len=max(0, match.prefix_len - lookup.prefix_len), match=match,
+            loaded_len=loaded_len, match=match,
         ))
 
     def _deliver_failure(self, load: Load, reason: str) -> None:
         if load.delivered:
             return
         lookup = load.lookup
-        match = self.cache.match_prefix(lookup.tokens[: lookup.prefix_len],
-                                        namespace=lookup.namespace)
+        with quiet_matches(self.cache):
+            match = self.cache.match_prefix(lookup.tokens[: lookup.prefix_len],
+                                            namespace=lookup.namespace)
         if match.mamba_slot is not None:
             self.cache.free_state(match.mamba_slot)
         self._finish(load, LoadOutcome(
@@ -377,13 +384,11 @@ class ExternalCacheLinker:
             self.store.close()
 
     def stats(self) -> dict[str, Any]:
-        """Counters: lookups, hit pages, loads, loaded pages/bytes, offloads, offloaded
-        pages/bytes, dropped offloads, failures by phase, checksum misses."""
-        out: dict[str, Any] = dict(self._stats)
-        out.update(self.offload.stats())
-        out["loads_in_flight"] = len(self._loads)
-        out["pending_transfers"] = self._worker.pending
-        return out
+        """Counters: lookups, hit pages, loads, loaded pages/tokens/bytes, offloads, offloaded
+        pages/bytes, dropped offloads, failures by phase, checksum misses; and the
+        ``load_seconds`` / ``offload_seconds`` histogram snapshots."""
+        return self.metrics.snapshot(self.offload.stats(), loads_in_flight=len(self._loads),
+                                     pending_transfers=self._worker.pending)
 
     def count(self, name: str, n: int = 1) -> None:
         self._stats[name] += n

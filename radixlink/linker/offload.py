@@ -149,10 +149,12 @@ class OffloadPolicy:
             self._stats["offloaded_bytes"] += done.num_bytes
         else:
             self._stats["failures_offload"] += 1
-        now = time.monotonic()
+        now, events = time.monotonic(), getattr(self.linker.cache, "kv_events", None)
         for node in offload.nodes:
             while node is not None and node.offload_inflight == offload.ticket:
                 node.offload_inflight = 0
+                if ok and events is not None:
+                    events.emit_node("stored", "store", node)
                 if ok and node.seq_len >= 0:
                     node.external_cache_stored = True
                     node.stored_at = now
@@ -193,6 +195,7 @@ class OffloadPolicy:
             return
         self._stats["revalidations"] += 1
         pos, now = 0, time.monotonic()
+        events = getattr(self.linker.cache, "kv_events", None)
         for item, keys in zip(stale, keys_per_node):
             if all(present[pos : pos + len(keys)]):
                 item.stored_at = now
@@ -200,6 +203,8 @@ class OffloadPolicy:
                 item.external_cache_stored = False
                 item.stored_at = None
                 self._stats["lost_nodes"] += 1
+                if events is not None:
+                    events.emit_node("removed", "store", item)
             pos += len(keys)
 
     def stats(self) -> dict[str, Any]:

@@ -53,6 +53,7 @@ class RadixTree:
         self.num_nodes = 0
         # NOTE: set while a linker is attached (write-back offload); one None check per victim.
         self.before_evict: Callable[[TreeNode], None] | None = None
+        self.kv_events: Any = None  # a KVEventQueue: device STORED / REMOVED per node
         self._next_id = 0
         self._next_handle = 0
         self._handles: dict[int, LockHandle] = {}
@@ -151,17 +152,20 @@ class RadixTree:
         ctx = InsertContext(key, value, aligned_len, params, result, effects)
         self.clock += 1
         clock, hit = self.clock, not params.chunked
-        components = self.components
+        components, events = self.components, self.kv_events
         for node in nodes:
             node.last_access = clock
             if hit:
                 node.hit_count += 1
             start, end = node.seq_len - (len(node.key) >> 2), node.seq_len
+            revived = events is not None and node.values[0] is None
             for component in components:
                 if node.values[component.index] is None:
                     component.insert_unevict(ctx, node, start, end)
                 else:
                     component.insert_overlap(ctx, node, start, end)
+            if revived and node.values[0] is not None:
+                events.emit_node("stored", "device", node)
         last = nodes[-1] if nodes else root
         if matched < aligned_len:
             leaf = self._add_leaf(last, key[matched * TOKEN_BYTES : aligned_len * TOKEN_BYTES])
@@ -172,6 +176,8 @@ class RadixTree:
                 component.refresh(last)
                 component.refresh(leaf)
             last = leaf
+            if events is not None:
+                events.emit_node("stored", "device", leaf)
         for component in components:
             component.insert_done(ctx, last)
         if aligned_len > prev:
@@ -250,6 +256,8 @@ class RadixTree:
             assert not any(node.lock_refs), f"remove_leaf of locked {node}"
             if self.before_evict is not None and node.values[0] is not None:
                 self.before_evict(node)
+            if self.kv_events is not None and node.values[0] is not None:
+                self.kv_events.emit_node("removed", "device", node)
             for component in self._release_order:
                 component.release(node, effects)
             parent = node.parent
@@ -270,8 +278,11 @@ class RadixTree:
         The backbone's data goes with every component's (they all depend on it). An unlocked
         leaf some component no longer keeps (see ``_keeps_leaf``) is removed."""
         assert node.parent is not None, f"tombstone of a root {node}"
-        if index == 0 and self.before_evict is not None and node.values[0] is not None:
-            self.before_evict(node)
+        if index == 0 and node.values[0] is not None:
+            if self.before_evict is not None:
+                self.before_evict(node)
+            if self.kv_events is not None:
+                self.kv_events.emit_node("removed", "device", node)
         released = self._release_order if index == 0 else (self.components[index],)
         for component in released:
             component.release(node, effects)

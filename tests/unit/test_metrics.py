@@ -81,7 +81,8 @@ def test_real_stats_render_with_tier_hits_bytes_and_types() -> None:
     bytes moved by direction and the right counter / gauge types."""
     cache, linker, store = served_cache_and_linker()
     text = prometheus_text(cache, linker, store, labels={"node": "b"}, use_client=False)
-    device_hits = cache.stats()["hit_tokens"]  # NOTE: includes the linker's own re-matches
+    device_hits = cache.stats()["hit_tokens"]
+    assert device_hits == 0  # node b matched nothing on device; the linker's re-matches skip
     linker.close()
     types, samples = parse(text)
     node = ("node", "b")
@@ -160,3 +161,11 @@ def test_event_queue_drains_in_order_and_counts_drops() -> None:
     assert [e.page_hashes for e in first] == [("h2",)] and first[0].node_id == "n0"
     assert [e.page_hashes for e in queue.drain()] == [("h3",), ("h4",)]
     assert queue.drain() == []
+
+
+def test_event_without_hashes_names_the_tree_node() -> None:
+    """An event with no page hashes is kept when it names a tree node and token range."""
+    queue = KVEventQueue()
+    queue.emit("stored", "device", [], tree_node_id=7, token_range=(0, 8))
+    (event,) = queue.drain()
+    assert event.tier is Tier.DEVICE and event.tree_node_id == 7 and event.token_range == (0, 8)
