@@ -10,9 +10,19 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+import torch
+
 from radixlink.components.base import TreeComponent
 from radixlink.config import EvictionPolicy
-from radixlink.contract import ComponentType, PoolHitPolicy, PoolName
+from radixlink.contract import (
+    ComponentType,
+    ExternalLinkerLoadPhase,
+    InsertResult,
+    LinkerTransferPhase,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+)
 from radixlink.memory.pools import MambaStatePool
 from radixlink.tree.lru import EvictableSet
 from radixlink.tree.node import Effects, InsertContext, TreeNode
@@ -270,3 +280,68 @@ class MambaComponent(TreeComponent):
             "mamba_evicted_states": self.num_evicted,
             "mamba_evictable_nodes": len(self.evictable),
         }
+
+    # ---------------------------------------------------------------- linker (DESIGN.md 5)
+
+    def build_external_linker_transfer(
+        self, phase: LinkerTransferPhase, node: TreeNode | None, keys: list[str]
+    ) -> PoolTransfer | None:
+        """The state at a node's end is one trailing page keyed by its last page hash.
+
+        OFFLOAD: ``node``'s state slot (None when it has no state or no hashes). LOOKUP: every
+        tail key (present at page i = the state at the end of page i is stored). LOAD: one
+        fresh state slot for the tail's end, evicting a cached state when none is free (None
+        when even that fails); held until the publishing insert takes it or ABORT frees it.
+        """
+        if phase is LinkerTransferPhase.OFFLOAD:
+            state = None if node is None else node.values[self.index]
+            if node is None or state is None or not node.hash_value:
+                return None
+            return PoolTransfer(name=PoolName.MAMBA, keys=[node.hash_value[-1]],
+                                device_indices=torch.tensor([state], dtype=torch.int64),
+                                hit_policy=PoolHitPolicy.TRAILING_PAGES)
+        if phase is LinkerTransferPhase.LOOKUP:
+            return PoolTransfer(name=PoolName.MAMBA, keys=list(keys),
+                                hit_policy=PoolHitPolicy.TRAILING_PAGES)
+        if not keys:
+            return None
+        slot = self.alloc()
+        if slot is None:
+            tree = self.tree
+            targets = [0] * tree.num_components
+            targets[self.index] = 1
+            effects = tree.evict(targets)
+            for component in reversed(tree.components):
+                component.apply(effects)  # type: ignore[attr-defined]
+            slot = self.alloc()
+        if slot is None:
+            return None
+        return PoolTransfer(name=PoolName.MAMBA, keys=[keys[-1]],
+                            device_indices=torch.tensor([slot], dtype=torch.int64),
+                            hit_policy=PoolHitPolicy.TRAILING_PAGES)
+
+    def update_external_linker_load(
+        self,
+        phase: ExternalLinkerLoadPhase,
+        req: Any,
+        full_transfer: PoolTransfer | None,
+        transfer: PoolTransfer | None,
+        prefix_len: int,
+        *,
+        insert_result: InsertResult | None = None,
+        canonical_full: torch.Tensor | None = None,
+    ) -> PoolTransfer | None:
+        """PREPARE: nothing. COMMIT: the publishing insert took ``mamba_value`` (adopted or
+        freed it); return the transfer when adopted, else None. ABORT: free the reserved slot
+        (never inserted: ABORT comes only before publishing)."""
+        if transfer is None or transfer.device_indices is None:
+            return transfer
+        if phase is ExternalLinkerLoadPhase.PREPARE:
+            return transfer
+        slot = int(transfer.device_indices.reshape(-1)[0])
+        if phase is ExternalLinkerLoadPhase.ABORT:
+            assert not self._owned[slot], f"ABORT of state slot {slot}, which the tree owns"
+            self.free(slot)
+            return None
+        assert insert_result is not None, "COMMIT needs the insert's result"
+        return transfer if insert_result.adopted_ranges.get(_MAMBA) else None

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from radixlink.components import swa_linker
 from radixlink.components.base import TreeComponent
 from radixlink.components.swa_insert import Remap, insert_node, keep_caller, remap
 from radixlink.config import EvictionPolicy
@@ -373,3 +374,8 @@ class SWAComponent(TreeComponent):
             "swa_evicted_tokens": self.num_evicted,
             "swa_evictable_nodes": len(self.evictable),
         }
+
+    # ---------------------------------------------------------------- linker (swa_linker.py)
+
+    build_external_linker_transfer = swa_linker.build_transfer
+    update_external_linker_load = swa_linker.update_load
