@@ -78,7 +78,8 @@ for replicated in (True, False):
     res["rep%d_marked" % replicated] = cache.match_prefix(TOKENS).last_node.external_cache_stored
     linker.close()
     group.all_ok(True)  # NOTE: a barrier: both ranks have written before anyone lists keys
-    res["rep%d_keys" % replicated] = sorted(k for k, _ in open_store(url("rep%d" % replicated)).scan())
+    listing = open_store(url("rep%d" % replicated)).scan()
+    res["rep%d_keys" % replicated] = sorted(key for key, _ in listing)
 
 dist.destroy_process_group()
 open(out, "w").write(json.dumps(res))
