@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from radixlink.components.base import TreeComponent
+from radixlink.components.base import TreeComponent, evict_tombstoning
 from radixlink.config import EvictionPolicy
 from radixlink.contract import (
     ComponentType,
@@ -169,17 +169,8 @@ class MambaComponent(TreeComponent):
             self.refresh(node)
 
     def evict(self, target: int, effects: Effects) -> None:
-        i, tree = self.index, self.tree
-        before = effects.num_freed[i]
-        while effects.num_freed[i] < target:
-            node = self.evictable.pop()
-            if node is None:
-                break
-            if node.children:
-                tree.tombstone(node, i, effects)
-            else:
-                tree.remove_leaf(node, effects)
-        self.num_evicted += effects.num_freed[i] - before
+        """Least recently used first: a leaf goes whole, an internal node keeps its full KV."""
+        self.num_evicted += evict_tombstoning(self, self.evictable, target, effects)
 
     # ---------------------------------------------------------------- checks
 

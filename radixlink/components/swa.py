@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from radixlink.components import swa_linker
-from radixlink.components.base import TreeComponent
+from radixlink.components.base import TreeComponent, evict_tombstoning
 from radixlink.components.swa_insert import Remap, insert_node, keep_caller, remap
 from radixlink.config import EvictionPolicy
 from radixlink.contract import ComponentType, MatchResult, PoolHitPolicy, PoolName
@@ -233,17 +233,7 @@ class SWAComponent(TreeComponent):
 
     def evict(self, target: int, effects: Effects) -> None:
         """Least recently used first: a leaf goes whole, an internal node keeps its full KV."""
-        i, tree = self.index, self.tree
-        before = effects.num_freed[i]
-        while effects.num_freed[i] < target:
-            node = self.evictable.pop()
-            if node is None:
-                break
-            if node.children:
-                tree.tombstone(node, i, effects)
-            else:
-                tree.remove_leaf(node, effects)
-        self.num_evicted += effects.num_freed[i] - before
+        self.num_evicted += evict_tombstoning(self, self.evictable, target, effects)
 
     # ---------------------------------------------------------------- checks
 
