@@ -4,8 +4,6 @@ linker loads from what it left), pages torn on disk, and a read-only store direc
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -13,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sandbox import read_only_command
 
 from radixlink.stores.directory import DirectoryStore
 
@@ -105,28 +104,13 @@ READ_ONLY_CHILD = textwrap.dedent("""
 """)
 
 
-def _read_only(root: Path, cmd: list[str]) -> list[str]:
-    """``cmd`` with ``root`` read-only: a read-only bind mount in a private mount namespace
-    when we are root (root ignores modes), else chmod (undone by the caller)."""
-    if os.geteuid() != 0:
-        for path in [root, *root.rglob("*")]:
-            if path.is_dir():
-                path.chmod(0o555)
-        return cmd
-    if shutil.which("unshare") is None:
-        pytest.skip("root without unshare(1): cannot make a directory read-only")
-    quoted = " ".join(f"'{arg}'" for arg in cmd)
-    script = f"mount --bind {root} {root} && mount -o remount,bind,ro {root} && exec {quoted}"
-    return ["unshare", "-m", "sh", "-c", script]
-
-
 def test_read_only_store_directory_serves_loads_and_refuses_offloads(tmp_path, link) -> None:
     """A store directory mounted read-only: a linker still loads what is there (verified), its
     own offloads fail cleanly (counted, EROFS/EACCES), and nothing raises into the engine."""
     root = tmp_path / "store"
     cache_a = make_cache()
     offload(cache_a, link(cache_a, DirectoryStore(root)))
-    cmd = _read_only(root, [sys.executable, "-c", READ_ONLY_CHILD, str(root)])
+    cmd = read_only_command(root, [sys.executable, "-c", READ_ONLY_CHILD, str(root)])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=child_env())
     finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sandbox import read_only_command
 
 import radixlink.stores
 from radixlink.stores.directory import DirectoryStore
@@ -90,27 +90,12 @@ UNWRITABLE_CHILD = """
 """
 
 
-def _unwritable_command(root: Path, child: list[str]) -> list[str]:
-    """Run ``child`` with ``root`` unwritable: a read-only bind mount in a private mount
-    namespace when we are root (chmod does not stop root), else chmod."""
-    if os.geteuid() != 0:
-        for path in [root, *root.rglob("*")]:
-            if path.is_dir():
-                path.chmod(0o555)
-        return child
-    if shutil.which("unshare") is None:
-        pytest.skip("running as root without unshare(1): cannot make a directory read-only")
-    quoted = " ".join(f"'{arg}'" for arg in child)
-    script = f"mount --bind {root} {root} && mount -o remount,bind,ro {root} && exec {quoted}"
-    return ["unshare", "-m", "sh", "-c", script]
-
-
 def test_unwritable_directory_puts_fail_cleanly_and_are_counted(tmp_path: Path) -> None:
     """Every put into a read-only directory returns False and is counted; nothing raises and
     stored pages stay readable."""
     root = tmp_path / "store"
     DirectoryStore(root).put({key(0): b"old page"})
-    cmd = _unwritable_command(root, _python(UNWRITABLE_CHILD, str(root), key(1), key(0), key(0)))
+    cmd = read_only_command(root, _python(UNWRITABLE_CHILD, str(root), key(1), key(0), key(0)))
     try:
         proc = _run_child(cmd)
     finally:
