@@ -1,16 +1,24 @@
 """``UnifiedCache``: the one object engines use (match / lock / alloc / insert / evict / free).
 
-Owns assembly (allocator, pools, components, tree) and the validation of caller input; applies
-the slot decisions the tree returns. The tree walk and component rules live below it.
+Owns assembly (allocator, pools, components, tree), the validation of caller input, the one
+eviction path (evict, then apply the slot decisions) and the namespace a request lives in. The
+tree walk and component rules live below it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
-from radixlink.checks import check_count, check_insert, check_slots
+from radixlink.checks import (
+    check_count,
+    check_insert,
+    check_insert_slots,
+    check_linkable,
+    check_slots,
+)
 from radixlink.components.assembly import build_components, build_memory
 from radixlink.components.base import TreeComponent
 from radixlink.config import CacheConfig
@@ -22,10 +30,13 @@ from radixlink.contract import (
     MatchResult,
     PoolName,
 )
+from radixlink.eviction import EvictionPath
+from radixlink.hashing import layer_namespaces
+from radixlink.memory.allocator import tensor_device
 from radixlink.metrics import KVEventQueue
 from radixlink.tree.invariants import check_tree
 from radixlink.tree.keys import KeyPacker
-from radixlink.tree.node import Effects, LockHandle, TreeNode
+from radixlink.tree.node import LockHandle, TreeNode
 from radixlink.tree.tree import RadixTree
 
 
@@ -48,7 +59,8 @@ class UnifiedCache:
     ``MatchResult`` are the tree's: read them, never free them.
 
     Hybrid caches (``sliding_window`` / ``mamba_num_states``) keep these methods and add
-    ``swa_slots``, ``free_swa``, ``alloc_state``, ``free_state`` (docs/tree.md, "Hybrid").
+    ``swa_slots``, ``free_swa``, ``alloc_state``, ``copy_state``, ``free_state`` (docs/tree.md,
+    "Hybrid").
 
     Args:
         config: sizes, device, layouts and modes.
@@ -59,20 +71,21 @@ class UnifiedCache:
             raise ValueError(f"UnifiedCache needs a CacheConfig, got {type(config).__name__}")
         self.config = config
         self.page_size = config.page_size
-        self.device = torch.device(config.device)
+        self.device = tensor_device(config.device)
         memory = build_memory(config, self.device)
         parts = build_components(config, memory)
         self._pools = memory.pools
         self._full, self._swa, self._mamba = parts.full, parts.swa, parts.mamba
         self._components: tuple[TreeComponent, ...] = parts.ordered
-        self._apply_order = self._components[::-1]  # dependents first, as the tree releases
         self.tree = RadixTree(self._components, config.page_size, namespace=config.namespace,
-                              hashing=config.hashing_enabled, hash_algo=config.hash_algo)
+                              hashing=config.hashing_enabled, hash_algo=config.hash_algo,
+                              check_inserts=config.check_inserts)
+        self._eviction = EvictionPath(self.tree, self._components)
         self._linker: Any = None
         self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
         self._packer = KeyPacker()
-        self._counters = {"match_calls": 0, "match_tokens": 0, "hit_tokens": 0, "insert_calls": 0}
-        self.quiet_matches = 0  # > 0 while the linker re-matches: those are not request hits
+        self._counters = {"match_calls": 0, "match_tokens": 0, "hit_tokens": 0,
+                          "insert_calls": 0, "loaded_inserts": 0}
         self.kv_events: KVEventQueue | None = None
 
     @property
@@ -91,56 +104,55 @@ class UnifiedCache:
     ) -> MatchResult:
         """The longest cached whole-page prefix of ``tokens`` that every component can serve.
 
-        Read-only in the tree apart from recency; the prefix may end inside ``last_node``
-        (``node_offset`` tokens of it). Lock ``last_node`` before the next ``alloc``/``evict``
-        if you will use ``device_indices`` (or ``swa_indices``). On a MAMBA cache a non-empty
-        match also hands the request ``mamba_slot``, a fresh slot holding a copy of the
-        boundary state (evicting a state when none is free; an empty match when even that
-        fails): the request owns it and frees it with ``free_state``.
+        Read-only apart from recency (it never splits, evicts or allocates, on any
+        component); the prefix may end inside ``last_node`` (``node_offset`` tokens of it).
+        Lock ``last_node`` before the next ``alloc``/``evict`` if you will use
+        ``device_indices`` (or ``swa_indices``). On a MAMBA cache ``mamba_slot`` is the tree's
+        state at the boundary (read it, never write it); take your own copy with
+        ``copy_state(last_node)`` after locking.
 
         Args:
             tokens: token ids (list, numpy array or tensor of ints in ``[0, 2**32)``).
             req_id: the request's id; with a linker attached it also looks the uncached tail
                 up in the store (``external_hit_len``).
-            namespace: the request's namespace (``Namespace``); None = the cache's own.
+            namespace: the request's ``Namespace`` (cache_salt, extra_key), layered on the
+                cache's own (model, layout); None = the cache's own.
 
         Raises:
-            ValueError: malformed ``tokens``.
+            ValueError: malformed ``tokens``, or a namespace that names another model.
         """
         key = self._packer.pack(tokens)
-        path = self.tree.match(key, namespace)
+        own = self.resolve_namespace(namespace)
+        result = self._match(key, own, touch=True)
+        counters = self._counters
+        counters["match_calls"] += 1
+        counters["match_tokens"] += len(key) >> 2
+        counters["hit_tokens"] += result.prefix_len
+        if req_id is not None and self._linker is not None:
+            self._linker.lookup(result, key, req_id, own)
+        return result
+
+    def peek_prefix(self, tokens: Any, *, namespace: Any = None) -> MatchResult:
+        """``match_prefix`` that changes nothing at all: no recency, no counters, no store
+        lookup. For the linker's own queries and for inspection. ``namespace`` is an
+        already-resolved one (``resolve_namespace``) or None for the cache's own."""
+        return self._match(self._packer.pack(tokens), namespace, touch=False)
+
+    def _match(self, key: bytes, namespace: Any, *, touch: bool) -> MatchResult:
+        path = self.tree.match(key, self._tree_namespace(namespace), touch=touch)
         result = MatchResult(device_indices=self._empty, prefix_len=path.prefix_len,
                              last_node=path.last_node, node_offset=path.node_offset)
         for component in self._components:
             component.fill_match(result, path)
-        if self._mamba is not None and path.prefix_len:
-            result.mamba_slot = self._copy_state(path.last_node)
-            if result.mamba_slot is None:
-                result = self._empty_match(path.last_node)
-        if not self.quiet_matches:
-            counters = self._counters
-            counters["match_calls"] += 1
-            counters["match_tokens"] += len(key) >> 2
-            counters["hit_tokens"] += result.prefix_len
-        if req_id is not None and self._linker is not None:
-            self._linker.lookup(result, key, req_id, namespace)
         return result
 
-    def _copy_state(self, node: TreeNode) -> int | None:
-        assert self._mamba is not None
-        slot = self._mamba.copy_state(node)
-        if slot is None:  # evict another state; the lock keeps this one
-            handle = self.tree.lock(node)
-            self._evict(self._targets(mamba=1))
-            slot = self._mamba.copy_state(node)
-            self.tree.unlock(handle)
-        return slot
+    def resolve_namespace(self, namespace: Any) -> Any:
+        """The namespace a request with ``namespace`` lives in: the cache's own, with the
+        request's cache_salt / extra_key layered on top (never replacing the model)."""
+        return layer_namespaces(self.config.namespace, namespace)
 
-    def _empty_match(self, node: TreeNode) -> MatchResult:
-        while node.parent is not None:
-            node = node.parent
-        empty, swa = self._empty, None if self._swa is None else self._empty
-        return MatchResult(device_indices=empty, prefix_len=0, last_node=node, swa_indices=swa)
+    def _tree_namespace(self, namespace: Any) -> Any:
+        return None if namespace is None or namespace == self.config.namespace else namespace
 
     def lock(self, node: TreeNode) -> LockHandle:
         """Protect ``node`` (and what a request there needs) from eviction; returns the receipt
@@ -173,9 +185,9 @@ class UnifiedCache:
         slots = full.alloc(num_tokens, source)
         if slots is None:
             need = -(-num_tokens // self.page_size) * self.page_size
-            self._evict(self._targets(full=need - full.allocator.available_size()))
+            full.make_room(need - full.allocator.available_size())
             if swa is not None:  # evicting full KV above may have freed SWA data already
-                self._evict(self._targets(swa=need - swa.allocator.swa_available_size()))
+                swa.make_room(need - swa.allocator.swa_available_size())
             slots = full.alloc(num_tokens, source)
         return slots
 
@@ -202,37 +214,43 @@ class UnifiedCache:
         ``mamba_value`` (the state at ``len(value)``, which must be whole pages) or frees it.
 
         Raises:
-            ValueError: malformed key or value, a value longer than the key, an unaligned or
-                too long ``prev_prefix_len``, value slots the tree already owns, a
-                ``mamba_value`` that is not a held state slot, or options this cache has no
-                component for; nothing changes.
+            ValueError: malformed key or value; a value longer than the key; an unaligned or
+                too long ``prev_prefix_len``; ``value[:prev_prefix_len]`` other than the tree's
+                slots there; beyond it, slots that are not distinct page-aligned runs the
+                caller holds (free, padding, out of range, repeated, tree-owned); a
+                ``mamba_value`` that is not a held state slot; options this cache has no
+                component for. Nothing changes then.
         """
-        key, aligned_len = check_insert(params, self.page_size, self.device,
-                                        self._packer.pack_extension)
-        value = params.value
-        if params.mamba_value is not None:
-            if self._mamba is None:
-                raise ValueError("mamba_value given but this cache has no MAMBA component")
-            self._mamba.check_held(params.mamba_value, "InsertParams.mamba_value")
-            if value.shape[0] != aligned_len:
-                raise ValueError(
-                    f"mamba_value needs whole pages: value has {value.shape[0]} slots, "
-                    f"page_size={self.page_size}; insert value[:{aligned_len}] with the state "
-                    "at that boundary"
-                )
-        if self._full.ownership.any_owned(
-            value, params.prev_prefix_len, aligned_len, whole_pages=True
-        ):
-            raise ValueError(
-                "insert value holds slots the tree already owns beyond prev_prefix_len="
-                f"{params.prev_prefix_len}; pass the match's prefix_len as prev_prefix_len"
-            )
-        result, effects = self.tree.insert(key, value, params, aligned_len)
-        for component in self._apply_order:
-            component.apply(effects)
+        result = self._insert(params, hit=True, resolved=False)
         self._counters["insert_calls"] += 1
         if self._linker is not None:
             self._linker.on_insert(params, result)
+        return result
+
+    def insert_loaded(self, params: InsertParams) -> InsertResult:
+        """``insert`` for pages a linker loaded: the same rules and checks, but it is not a
+        hit (no hit counts, no write-policy trigger) and the linker is not called back.
+        ``params.namespace`` is an already resolved one (``resolve_namespace``), as the
+        linker's lookups carry it.
+
+        Raises:
+            ValueError: as ``insert``.
+        """
+        result = self._insert(params, hit=False, resolved=True)
+        self._counters["loaded_inserts"] += 1
+        return result
+
+    def _insert(self, params: InsertParams, *, hit: bool, resolved: bool) -> InsertResult:
+        key, aligned_len = check_insert(params, self.page_size, self.device,
+                                        self._packer.pack_extension)
+        if self.config.check_inserts:
+            check_insert_slots(params, aligned_len, self._full, self._mamba)
+        tree_params = params
+        if params.namespace is not None:  # the tree keys roots by the layered namespace
+            namespace = params.namespace if resolved else self.resolve_namespace(params.namespace)
+            tree_params = dataclasses.replace(params, namespace=self._tree_namespace(namespace))
+        result, effects = self.tree.insert(key, params.value, tree_params, aligned_len, hit=hit)
+        self._eviction.apply(effects)
         return result
 
     def evict(self, num_tokens: int | EvictParams) -> Any:
@@ -245,13 +263,14 @@ class UnifiedCache:
         Raises:
             ValueError: a negative or non-int target, or a target for a pool this cache lacks.
         """
+        path = self._eviction
         if isinstance(num_tokens, EvictParams):
-            targets = self._targets(
+            targets = path.targets(
                 full=check_count("num_tokens", num_tokens.num_tokens),
                 swa=check_count("swa_num_tokens", num_tokens.swa_num_tokens),
                 mamba=check_count("mamba_num", num_tokens.mamba_num),
             )
-            freed = self._evict(targets).num_freed
+            freed = path.evict(targets).num_freed
             return EvictResult(
                 num_tokens_evicted=freed[0],
                 swa_num_tokens_evicted=0 if self._swa is None else freed[self._swa.index],
@@ -259,22 +278,7 @@ class UnifiedCache:
             )
         if check_count("num_tokens", num_tokens) == 0:
             return 0
-        return self._evict(self._targets(full=num_tokens)).num_freed[0]
-
-    def _targets(self, *, full: int = 0, swa: int = 0, mamba: int = 0) -> list[int]:
-        targets = [full] + [0] * (len(self._components) - 1)
-        for component, target, name in ((self._swa, swa, "SWA"), (self._mamba, mamba, "MAMBA")):
-            if component is not None:
-                targets[component.index] = target
-            elif target > 0:
-                raise ValueError(f"an eviction target for {name} but this cache has no {name}")
-        return targets
-
-    def _evict(self, targets: list[int]) -> Effects:
-        effects = self.tree.evict(targets)
-        for component in self._apply_order:
-            component.apply(effects)
-        return effects
+        return path.evict(path.targets(full=num_tokens)).num_freed[0]
 
     # ---------------------------------------------------------------- hybrid requests
 
@@ -310,12 +314,36 @@ class UnifiedCache:
         mamba = _need(self._mamba, "alloc_state")
         slot = mamba.alloc()
         if slot is None:
-            self._evict(self._targets(mamba=1))
+            mamba.make_room(1)
             slot = mamba.alloc()
         return slot
 
+    def copy_state(self, node: TreeNode) -> int | None:
+        """A fresh request-held state slot holding a copy of the state at ``node``'s end (the
+        ``last_node`` of a non-empty match): copy-on-write, the explicit step after match.
+        Evicts another cached state when none is free; None when even that fails. Lock
+        ``node`` first (its state is then protected while others are evicted).
+
+        Raises:
+            ValueError: no MAMBA component, or ``node`` holds no state (evicted meanwhile:
+                match again).
+        """
+        mamba = _need(self._mamba, "copy_state")
+        if not isinstance(node, TreeNode) or node.seq_len < 0 or node.values[mamba.index] is None:
+            raise ValueError(f"copy_state of {node!r}: it holds no state (evicted since the "
+                             "match?); lock the match's last_node before copying")
+        slot = mamba.copy_state(node)
+        if slot is None:
+            handle = self.tree.lock(node)  # NOTE: the lock keeps this state while others go
+            try:
+                mamba.make_room(1)
+            finally:
+                self.tree.unlock(handle)
+            slot = mamba.copy_state(node)
+        return slot
+
     def free_state(self, slot: int) -> None:
-        """Return a request-held state slot (``alloc_state``, ``MatchResult.mamba_slot``).
+        """Return a request-held state slot (``alloc_state``, ``copy_state``).
 
         Raises:
             ValueError: no MAMBA component, a tree-owned slot or a double free.
@@ -337,15 +365,23 @@ class UnifiedCache:
 
     def stats(self) -> dict[str, Any]:
         """Counters and sizes (tokens): free / cached / held / evictable / protected, nodes,
-        matches and hits, evicted."""
+        matches and hits, and what eviction freed per pool (cascades included: a MAMBA or SWA
+        eviction that removes a leaf counts its full tokens in ``evicted_tokens``)."""
         out: dict[str, Any] = {
             "page_size": self.page_size,
             "total_tokens": self._full.allocator.total_size(),
             "num_nodes": self.tree.num_nodes,
+            "num_roots": len(self.tree.roots()),
             "num_locks": len(self.tree.live_handles()),
         }
         for component in self._components:
             out.update(component.stats())
+        evicted = self._eviction.num_evicted
+        out["evicted_tokens"] = evicted[0]
+        if self._swa is not None:
+            out["swa_evicted_tokens"] = evicted[self._swa.index]
+        if self._mamba is not None:
+            out["mamba_evicted_states"] = evicted[self._mamba.index]
         out.update(self._counters)
         return out
 
@@ -363,22 +399,20 @@ class UnifiedCache:
     def attach_linker(self, linker: Any) -> None:
         """Attach an ``ExternalCacheLinker``. From then on ``match_prefix`` with a ``req_id``
         calls ``linker.lookup(result, key, req_id, namespace)``, ``insert`` calls
-        ``linker.on_insert(params, result)``, and eviction calls ``linker.before_evict(node)``
-        while the node's full data is still intact.
+        ``linker.on_insert(params, result)``, and the tree tells the linker (its
+        ``TreeObserver``) about splits and, before eviction frees any of a node's data, the
+        node while that data is intact.
 
         Raises:
             ValueError: the cache was built without ``enable_external_cache_linker`` (no page
-                hashes), or another linker is attached.
+                hashes) or without a layout for some pool (nothing to move), or another linker
+                is attached.
         """
-        if not self.config.enable_external_cache_linker:
-            raise ValueError(
-                "attach_linker needs page hashes: build the cache with "
-                "CacheConfig(..., enable_external_cache_linker=True)"
-            )
+        check_linkable(self.config, self._components, self._pools)
         if self._linker is not None and self._linker is not linker:
             raise ValueError("a linker is already attached to this cache; close it first")
         self._linker = linker
-        self.tree.before_evict = getattr(linker, "before_evict", None)
+        self.tree.observer = linker
 
     def detach_linker(self, linker: Any) -> None:
         """Undo ``attach_linker`` (the linker's ``close`` calls it).
@@ -389,7 +423,7 @@ class UnifiedCache:
         if self._linker is not linker:
             raise ValueError(f"{linker!r} is not the linker attached to this cache")
         self._linker = None
-        self.tree.before_evict = None
+        self.tree.observer = None
 
 
 def _need(component: Any, what: str) -> Any:

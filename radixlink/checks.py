@@ -31,6 +31,62 @@ def check_slots(name: str, slots: Any, device: torch.device) -> None:
         raise ValueError(f"{name} is on {slots.device}, the cache is on {device}")
 
 
+def check_insert_slots(params: InsertParams, aligned_len: int, full: Any, mamba: Any) -> None:
+    """The slots of a validated ``InsertParams``: ``mamba_value`` a held state at a whole-page
+    end, and ``value[prev_prefix_len:aligned_len]`` fresh caller-held pages (see
+    ``check_fresh_slots``; ``value[:prev_prefix_len]`` is checked by the tree's walk)."""
+    value = params.value
+    if params.mamba_value is not None:
+        if mamba is None:
+            raise ValueError("mamba_value given but this cache has no MAMBA component")
+        mamba.check_held(params.mamba_value, "InsertParams.mamba_value")
+        if value.shape[0] != aligned_len:
+            raise ValueError(
+                f"mamba_value needs whole pages: value has {value.shape[0]} slots, "
+                f"page_size={full.page_size}; insert value[:{aligned_len}] with the state at "
+                "that boundary"
+            )
+    check_fresh_slots(full.allocator, full.ownership, value, params.prev_prefix_len,
+                      aligned_len)
+
+
+def check_linkable(config: Any, components: Any, pools: Any) -> None:
+    """A cache a linker can attach to: page hashes on, and tensors behind every pool."""
+    if not config.enable_external_cache_linker:
+        raise ValueError(
+            "attach_linker needs page hashes: build the cache with "
+            "CacheConfig(..., enable_external_cache_linker=True)"
+        )
+    settings = {"kv": "kv_layout", "swa": "swa_layout", "mamba": "state_layout"}
+    for component in components:
+        if pools.get(component.pool_name) is None:
+            name = component.pool_name.value
+            raise ValueError(
+                f"attach_linker needs page data: the {name} pool has no tensors; build the "
+                f"cache with CacheConfig(..., {settings[name]}=...)"
+            )
+
+
+def check_fresh_slots(allocator: Any, ownership: Any, value: torch.Tensor, start: int,
+                      end: int) -> None:
+    """``value[start:end]`` must be distinct, whole, page-aligned runs of slots that the caller
+    holds (handed out by the allocator, not owned by the tree); ValueError naming the first
+    bad slot and the rule otherwise. Vectorised: a few array ops per call."""
+    part = value[start:end]
+    problem = allocator.explain_not_held(part)
+    if problem is None and ownership.any_owned(part, whole_pages=True):
+        ps = allocator.page_size
+        owned = ownership.owned_mask(part[::ps])
+        i = int(owned.nonzero()[0, 0]) * ps
+        problem = (f"slot {int(part[i])} at index {i} belongs to the tree (a matched or "
+                   "inserted page); pass the match's prefix_len as prev_prefix_len")
+    if problem is not None:
+        raise ValueError(
+            f"insert value[{start}:{end}] must be slots you hold from alloc: {problem}; "
+            "nothing was inserted"
+        )
+
+
 def check_insert(
     params: Any,
     page_size: int,

@@ -64,6 +64,10 @@ class CacheConfig:
         swa_layout: the SWA pool's KV layout; None manages SWA indices only.
         mamba_num_states: usable recurrent-state slots; None = no MAMBA component.
         state_layout: the shape of one state slot; None manages state indices only.
+        check_inserts: validate every insert's slots (held, distinct, aligned, in range; the
+            prefix the tree's own) before anything changes. On by default; an engine whose
+            slot handling is itself verified may turn it off (a few µs per insert, see
+            docs/benchmarks.md), and then a bad slot corrupts the cache silently.
     """
 
     page_size: int
@@ -79,6 +83,7 @@ class CacheConfig:
     swa_layout: KVLayout | None = None
     mamba_num_states: int | None = None
     state_layout: StateLayout | None = None
+    check_inserts: bool = True
 
     def __post_init__(self) -> None:
         _positive_int("page_size", self.page_size)
@@ -117,6 +122,10 @@ class CacheConfig:
             raise ValueError(
                 "CacheConfig.enable_external_cache_linker must be a bool, got "
                 f"{self.enable_external_cache_linker!r}"
+            )
+        if not isinstance(self.check_inserts, bool):
+            raise ValueError(
+                f"CacheConfig.check_inserts must be a bool, got {self.check_inserts!r}"
             )
         if self.hash_algo not in HASH_ALGOS:
             raise ValueError(

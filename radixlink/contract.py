@@ -5,6 +5,7 @@ Owns only plain data types. Must not import anything else from radixlink (everyo
 
 from __future__ import annotations
 
+import bisect
 import enum
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,8 +135,9 @@ class InsertResult:
     adopted_ranges: dict[ComponentType, list[tuple[int, int]]] = field(default_factory=dict)
 
     def record_adopted_range(self, component: ComponentType, start: int, end: int) -> None:
-        """Append ``[start, end)`` for ``component``, merging it into the previous range when
-        they touch or overlap.
+        """Add ``[start, end)`` for ``component``, merging it with every recorded range it
+        touches or overlaps; ranges stay sorted and disjoint whatever order they come in
+        (usually in key order, when this is one append or one merge with the last range).
 
         Raises:
             ValueError: for a negative start or a reversed range.
@@ -148,11 +150,15 @@ class InsertResult:
         if start == end:
             return
         ranges = self.adopted_ranges.setdefault(component, [])
-        if ranges and start <= ranges[-1][1] and end >= ranges[-1][0]:
-            prev_start, prev_end = ranges[-1]
-            ranges[-1] = (min(prev_start, start), max(prev_end, end))
-        else:
+        if not ranges or start > ranges[-1][1]:  # the common case: past every range
             ranges.append((start, end))
+            return
+        # Ranges are sorted and disjoint: merge the run of those touching [start, end).
+        lo = bisect.bisect_left(ranges, start, key=lambda r: r[1])
+        hi = bisect.bisect_right(ranges, end, key=lambda r: r[0])
+        if lo < hi:
+            start, end = min(start, ranges[lo][0]), max(end, ranges[hi - 1][1])
+        ranges[lo:hi] = [(start, end)]
 
     def adopted_tokens(self, component: ComponentType) -> int:
         """Total tokens adopted for ``component``."""
@@ -172,8 +178,9 @@ class MatchResult:
             inside a node; match never splits).
         swa_indices: SWA slots of the matched window (SWA trees), else None.
         swa_live_len: how far back (tokens) live SWA data reaches before ``prefix_len``.
-        mamba_slot: a fresh state slot holding a copy of the boundary state (MAMBA trees; the
-            request owns it and must free it), else None.
+        mamba_slot: the tree's state slot at the boundary (MAMBA trees, non-empty match),
+            else None. The tree owns it: read it, never write or free it; a request takes its
+            own copy with ``UnifiedCache.copy_state(last_node)`` (copy-on-write, explicit).
         external_hit_len: tokens restorable from the store beyond ``prefix_len`` (with a
             linker attached and a ``req_id``), agreed across ranks.
     """

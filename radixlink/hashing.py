@@ -73,6 +73,45 @@ class Namespace:
         return _namespace_id(_canonical(self.parts()))
 
 
+def layer_namespaces(base: Namespace | None, request: Namespace | None) -> Namespace | None:
+    """The namespace a request of a cache with namespace ``base`` lives in (DESIGN.md 6).
+
+    Layers, never replaces: ``base``'s model and layout always stay; the request adds its
+    ``cache_salt`` and ``extra_key`` (tenant, LoRA). A field both set to different values is
+    kept as both (framed, base first), so a request can narrow a cache-wide salt but never
+    widen it. Idempotent: layering an already layered namespace again changes nothing.
+
+    Raises:
+        ValueError: ``request`` is not a Namespace, or names another model or layout than
+            ``base`` (a request cannot move into another model's pages).
+    """
+    if request is None:
+        return base
+    if not isinstance(request, Namespace):
+        raise ValueError(f"a request namespace must be a Namespace, got {request!r}")
+    if base is None:
+        return request
+    for name in ("model", "layout"):
+        mine, theirs = getattr(base, name), getattr(request, name)
+        if theirs and theirs != mine:
+            raise ValueError(
+                f"request namespace {name}={theirs!r} differs from the cache's {mine!r}: a "
+                "request adds cache_salt / extra_key on top of the cache's namespace and "
+                f"cannot change its {name}; leave {name} empty"
+            )
+    return Namespace(model=base.model, layout=base.layout,
+                     cache_salt=_join(base.cache_salt, request.cache_salt),
+                     extra_key=_join(base.extra_key, request.extra_key))
+
+
+def _join(base: str, extra: str) -> str:
+    if not base or not extra or base == extra or extra.startswith(base + "\x1f"):
+        return extra or base
+    # NOTE: a unit-separator frame: ("a", "b\x1fc") and ("a\x1fb", "c") only collide if a
+    # salt itself holds \x1f, and both then name the same narrowing anyway.
+    return f"{base}\x1f{extra}"
+
+
 def namespace_id(namespace: _NamespaceLike = None) -> str:
     """The store-key id of ``namespace`` (None, a Namespace, or a tuple/list of str parts).
 

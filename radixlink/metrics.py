@@ -23,7 +23,10 @@ PREFIX = "radixlink"
 DEFAULT_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                   5.0, 10.0)
 _CACHE_COUNTERS = frozenset({"match_calls", "match_tokens", "insert_calls"})
-_LINKER_GAUGES = frozenset({"inflight_offload_bytes", "loads_in_flight", "pending_transfers"})
+_LINKER_GAUGES = frozenset({"inflight_offload_bytes", "loads_in_flight", "pending_transfers",
+                            "loads_waiting", "unclaimed_outcomes", "lookups_remembered",
+                            "lookup_bytes_remembered", "store_breaker_open"})
+# NOTE: failures by phase come from "failures_*" keys; these count store calls of every phase.
 _STORE_GAUGES = frozenset({"pages", "bytes", "capacity_bytes"})
 Labels = tuple[tuple[str, str], ...]
 

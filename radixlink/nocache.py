@@ -117,6 +117,16 @@ class NoPrefixCache:
         self._num_states_held += slot is not None
         return slot
 
+    def copy_state(self, node: TreeNode) -> int | None:
+        """Never possible: nothing is cached, so no match ends at a state.
+
+        Raises:
+            ValueError: always (after checking the cache has a MAMBA pool).
+        """
+        self._need_states("copy_state")
+        raise ValueError(f"copy_state of {node!r}: a NoPrefixCache caches no state (its "
+                         "matches are always empty); use alloc_state")
+
     def free_state(self, slot: int) -> None:
         """Return a state slot (ValueError on a double free)."""
         self._need_states("free_state").free(slot)

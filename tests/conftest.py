@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from redis_server import (
     MISSING_REASON,
     REDIS_CLI,
@@ -77,3 +78,13 @@ def redis_cluster_url(redis_cluster: RedisClusterServers) -> Iterator[str]:
     yield redis_cluster.url
     for server in redis_cluster.servers:
         _reset(server)
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """torch on one thread for a module: model tests compare timings and outputs run by run,
+    and two cores are shared with the store servers."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -46,6 +46,7 @@ def run_once(
     capacity: int,
     policy: str = "lru",
     hybrid: Hybrid | None = None,
+    check_inserts: bool = True,
 ) -> dict[str, Any]:
     """Replay ``requests`` through a fresh cache; wall time per phase and hit statistics.
 
@@ -61,6 +62,7 @@ def run_once(
             sliding_window=hybrid.window if hybrid.swa else None,
             swa_num_tokens=hybrid.swa_tokens if hybrid.swa else None,
             mamba_num_states=hybrid.mamba_states if hybrid.mamba else None,
+            check_inserts=check_inserts,
         )
     )
     ps, swa, mamba, window = page_size, hybrid.swa, hybrid.mamba, hybrid.window
@@ -77,6 +79,7 @@ def run_once(
         t2 = clock()
         hit = m.prefix_len
         handle = cache.lock(m.last_node)
+        copy = cache.copy_state(m.last_node) if mamba and hit else None  # copy-on-write
         t3 = clock()
         new = cache.alloc(len(seq) - hit)
         assert new is not None, "allocation failed after eviction: capacity below one request"
@@ -92,8 +95,8 @@ def run_once(
         t5 = clock()
         if len(kv) > aligned:
             cache.free(kv[aligned:])
-        if m.mamba_slot is not None:
-            cache.free_state(m.mamba_slot)
+        if copy is not None:
+            cache.free_state(copy)
         t6 = clock()
         cache.unlock(handle)
         t7 = clock()

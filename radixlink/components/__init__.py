@@ -5,7 +5,8 @@ from radixlink.components.base import SlotAllocator, TreeComponent
 from radixlink.components.full import FullComponent
 from radixlink.components.mamba import MambaComponent, StateSlots
 from radixlink.components.ownership import PageOwnership
-from radixlink.components.swa import SWAComponent, SWAFullSide
+from radixlink.components.swa import SWAComponent
+from radixlink.memory.swa_allocator import SWAFullSide
 
 __all__ = [
     "Components",

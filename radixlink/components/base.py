@@ -6,7 +6,8 @@ DESIGN.md section 3. Concrete components (full.py, swa.py, mamba.py) override ho
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -21,9 +22,10 @@ from radixlink.contract import (
     PoolTransfer,
 )
 from radixlink.tree.node import Effects, InsertContext, MatchPath, TreeNode
+from radixlink.tree.protocol import TreeOps
 
-if TYPE_CHECKING:
-    from radixlink.tree.tree import RadixTree
+RoomFn = Callable[[int, int], None]
+"""``make_room(component_index, units)``: the facade's one eviction path (evict, then apply)."""
 
 
 class SlotAllocator(Protocol):
@@ -70,19 +72,31 @@ class TreeComponent:
 
     def __init__(self) -> None:
         self.index = -1
-        self._tree: RadixTree | None = None
+        self._tree: TreeOps | None = None
+        self._room: RoomFn | None = None
 
     @property
-    def tree(self) -> RadixTree:
+    def tree(self) -> TreeOps:
         assert self._tree is not None, f"{type(self).__name__} is not bound to a tree"
         return self._tree
 
     # ---------------------------------------------------------------- structure (tree calls)
 
-    def bind(self, tree: RadixTree, index: int) -> None:
+    def bind(self, tree: TreeOps, index: int) -> None:
         """Attach to ``tree`` at slot ``index`` (called once, by the tree)."""
         assert self._tree is None, f"{type(self).__name__} is already bound to a tree"
         self._tree, self.index = tree, index
+
+    def bind_room(self, room: RoomFn) -> None:
+        """Attach the facade's eviction path (called once, by the facade)."""
+        self._room = room
+
+    def make_room(self, units: int) -> None:
+        """Ask the facade to evict until ``units`` more of this component's units are free
+        (tokens, or states); it evicts, then applies the slot decisions, in one place."""
+        if units > 0:
+            assert self._room is not None, f"{type(self).__name__} has no eviction path bound"
+            self._room(self.index, units)
 
     def split(self, parent: TreeNode, child: TreeNode) -> None:
         """Divide this component's value and locks of ``child`` with its new front ``parent``."""
@@ -104,6 +118,10 @@ class TreeComponent:
     def match_accept(self, nodes: list[TreeNode], limit: int) -> int:
         """Largest boundary ``<= limit`` this component can serve along ``nodes``."""
         return limit
+
+    def check_prefix(self, nodes: list[TreeNode], value: torch.Tensor, prev: int) -> str | None:
+        """Backbone only: why ``value[:prev]`` is not the tree's own data along ``nodes``."""
+        return None
 
     def insert_overlap(self, ctx: InsertContext, node: TreeNode, start: int, end: int) -> None:
         """The key covers ``node`` where this component has data."""

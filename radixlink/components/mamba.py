@@ -19,13 +19,14 @@ from radixlink.contract import (
     ExternalLinkerLoadPhase,
     InsertResult,
     LinkerTransferPhase,
+    MatchResult,
     PoolHitPolicy,
     PoolName,
     PoolTransfer,
 )
 from radixlink.memory.pools import MambaStatePool
 from radixlink.tree.lru import EvictableSet
-from radixlink.tree.node import Effects, InsertContext, TreeNode
+from radixlink.tree.node import Effects, InsertContext, MatchPath, TreeNode
 
 _MAMBA = ComponentType.MAMBA
 
@@ -70,8 +71,10 @@ class StateSlots:
 class MambaComponent(TreeComponent):
     """Recurrent state at node ends: a boundary is matchable only where a node ends with one.
 
-    ``values[i]`` is the tree's state slot (int) or None. Match hands a request a *copy* in a
-    fresh slot (``copy_state``); the tree's slot is never written by a request. A split gives
+    ``values[i]`` is the tree's state slot (int) or None. Match reports the tree's slot and
+    changes nothing; a request takes its own *copy* in a fresh slot with an explicit
+    ``copy_state`` after match (never inside it); the tree's slot is never written by a
+    request. A split gives
     the new front node no state (the state belongs to the original end). A lock protects the
     locked node's state. Eviction goes least recently used first, leaves before their
     ancestors: a leaf goes whole, an internal node keeps its full KV and loses the state.
@@ -99,7 +102,6 @@ class MambaComponent(TreeComponent):
         self._owned = [False] * (slots.total_size() + 1)
         self.cached_states = 0
         self.num_held = 0
-        self.num_evicted = 0
 
     def bind(self, tree: Any, index: int) -> None:
         super().bind(tree, index)
@@ -170,7 +172,7 @@ class MambaComponent(TreeComponent):
 
     def evict(self, target: int, effects: Effects) -> None:
         """Least recently used first: a leaf goes whole, an internal node keeps its full KV."""
-        self.num_evicted += evict_tombstoning(self, self.evictable, target, effects)
+        evict_tombstoning(self, self.evictable, target, effects)
 
     # ---------------------------------------------------------------- checks
 
@@ -214,6 +216,15 @@ class MambaComponent(TreeComponent):
 
     # ---------------------------------------------------------------- facade
 
+    def fill_match(self, result: MatchResult, path: MatchPath) -> None:
+        """``mamba_slot``: the tree's state at the boundary (a match ends at a node end)."""
+        if path.prefix_len:
+            state = path.last_node.values[self.index]
+            assert state is not None and path.node_offset == path.last_node.num_tokens, (
+                f"a Mamba match ends at {path.prefix_len} without a state there"
+            )
+            result.mamba_slot = state
+
     def alloc(self) -> int | None:
         """A state slot for a request (stale contents), or None when none is free."""
         slot = self.slots.alloc()
@@ -240,7 +251,7 @@ class MambaComponent(TreeComponent):
         if 0 <= slot < len(self._owned) and self._owned[slot]:
             raise ValueError(
                 f"{what}: state slot {slot} belongs to the tree; pass a slot from alloc_state "
-                "or MatchResult.mamba_slot"
+                "or copy_state"
             )
         if not self.slots.is_allocated(slot):
             raise ValueError(f"{what}: state slot {slot!r} is not allocated (freed already?)")
@@ -268,7 +279,6 @@ class MambaComponent(TreeComponent):
             "mamba_cached_states": self.cached_states,
             "mamba_held_states": self.num_held,
             "mamba_free_states": self.slots.available_size(),
-            "mamba_evicted_states": self.num_evicted,
             "mamba_evictable_nodes": len(self.evictable),
         }
 
@@ -298,12 +308,7 @@ class MambaComponent(TreeComponent):
             return None
         slot = self.alloc()
         if slot is None:
-            tree = self.tree
-            targets = [0] * tree.num_components
-            targets[self.index] = 1
-            effects = tree.evict(targets)
-            for component in reversed(tree.components):
-                component.apply(effects)  # type: ignore[attr-defined]
+            self.make_room(1)
             slot = self.alloc()
         if slot is None:
             return None

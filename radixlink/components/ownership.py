@@ -62,6 +62,10 @@ class PageOwnership:
         part = slots[start:end:step]
         return part.numel() > 0 and bool(self._owned[part // self.page_size].any())
 
+    def owned_mask(self, heads: torch.Tensor) -> torch.Tensor:
+        """Per page-head slot of ``heads``: whether its page is tree-owned (error paths)."""
+        return self._owned[heads.to(self._owned.device) // self.page_size]
+
     def owned_pages(self) -> torch.Tensor:
         """Ids of every tree-owned page, ascending (for invariant checks)."""
         return torch.nonzero(self._owned).reshape(-1)

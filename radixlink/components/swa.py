@@ -12,44 +12,26 @@ from typing import Any
 
 import torch
 
-from radixlink.components import swa_linker
 from radixlink.components.base import TreeComponent, evict_tombstoning
-from radixlink.components.swa_insert import Remap, insert_node, keep_caller, remap
+from radixlink.components.swa_insert import Remap, SWACounts, SWAInsert
+from radixlink.components.swa_linker import SWALinker
 from radixlink.config import EvictionPolicy
-from radixlink.contract import ComponentType, MatchResult, PoolHitPolicy, PoolName
+from radixlink.contract import (
+    ComponentType,
+    ExternalLinkerLoadPhase,
+    InsertResult,
+    LinkerTransferPhase,
+    MatchResult,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+)
 from radixlink.memory.pools import KVPool
 from radixlink.memory.swa_allocator import SWAAllocator
 from radixlink.tree.lru import EvictableSet
 from radixlink.tree.node import Effects, InsertContext, MatchPath, TreeNode
 
 _SWA = ComponentType.SWA
-
-
-class SWAFullSide:
-    """The full pool of an ``SWAAllocator`` as the ``SlotAllocator`` of ``FullComponent``.
-
-    ``alloc`` hands out full pages with no SWA page mapped (the facade maps SWA pages to what a
-    request will write; a load maps only its window); ``free`` frees full pages together with
-    any SWA pages still mapped to them.
-    """
-
-    def __init__(self, allocator: SWAAllocator):
-        self._hybrid = allocator
-        self.page_size = allocator.page_size
-        self.device = allocator.device
-        self.num_pages = allocator.full.num_pages
-
-    def alloc(self, num_tokens: int) -> torch.Tensor | None:
-        return self._hybrid.full.alloc(num_tokens)
-
-    def free(self, slots: torch.Tensor) -> None:
-        self._hybrid.free(slots)
-
-    def available_size(self) -> int:
-        return self._hybrid.full_available_size()
-
-    def total_size(self) -> int:
-        return self._hybrid.full_total_size()
 
 
 class SWAComponent(TreeComponent):
@@ -97,15 +79,24 @@ class SWAComponent(TreeComponent):
         self.window_pages = -(-window // self.page_size)
         self.policy = EvictionPolicy(policy)
         self.evictable = EvictableSet(0, self.policy, deep_first=True)
-        self.cached_tokens = 0
-        self.num_held = 0
-        self.num_evicted = 0
+        self.counts = SWACounts()
         self._empty = torch.empty(0, dtype=torch.int64, device=allocator.device)
 
     def bind(self, tree: Any, index: int) -> None:
         super().bind(tree, index)
         assert index > 0, "SWAComponent cannot be the backbone"
         self.evictable = EvictableSet(index, self.policy, deep_first=True)
+        self._insert = SWAInsert(self.allocator, index, self.counts, self.refresh, self.pool)
+        self._linker = SWALinker(self.allocator, self.window_pages, index, self.counts,
+                                 self.make_room)
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.counts.cached_tokens
+
+    @property
+    def num_held(self) -> int:
+        return self.counts.num_held
 
     # ---------------------------------------------------------------- structure
 
@@ -141,7 +132,7 @@ class SWAComponent(TreeComponent):
             assert full is not None, f"{node}: SWA data without full data"
             effects.freed[i].append(full[full.shape[0] - num :])
             effects.num_freed[i] += num
-            self.cached_tokens -= num
+            self.counts.cached_tokens -= num
 
     # ---------------------------------------------------------------- match
 
@@ -200,13 +191,13 @@ class SWAComponent(TreeComponent):
     # ---------------------------------------------------------------- insert (swa_insert.py)
 
     def insert_leaf(self, ctx: InsertContext, node: TreeNode) -> None:
-        keep_caller(self, ctx, node, node.seq_len - (len(node.key) >> 2), node.seq_len)
+        self._insert.keep_caller(ctx, node, node.seq_len - (len(node.key) >> 2), node.seq_len)
 
     def insert_overlap(self, ctx: InsertContext, node: TreeNode, start: int, end: int) -> None:
-        insert_node(self, ctx, node, start, end)
+        self._insert.insert_node(ctx, node, start, end)
 
     def insert_unevict(self, ctx: InsertContext, node: TreeNode, start: int, end: int) -> None:
-        insert_node(self, ctx, node, start, end)
+        self._insert.insert_node(ctx, node, start, end)
 
     # ---------------------------------------------------------------- locks and eviction
 
@@ -233,7 +224,7 @@ class SWAComponent(TreeComponent):
 
     def evict(self, target: int, effects: Effects) -> None:
         """Least recently used first: a leaf goes whole, an internal node keeps its full KV."""
-        self.num_evicted += evict_tombstoning(self, self.evictable, target, effects)
+        evict_tombstoning(self, self.evictable, target, effects)
 
     # ---------------------------------------------------------------- checks
 
@@ -304,14 +295,14 @@ class SWAComponent(TreeComponent):
         i, alloc = self.index, self.allocator
         for record in effects.adopted[i]:  # remaps first: they free and re-take pages at once
             if isinstance(record, Remap):
-                remap(self, record)
-                self.num_held -= record.swa.shape[0]
+                self._insert.remap(record)
+                self.counts.num_held -= record.swa.shape[0]
             else:
-                self.num_held -= record
+                self.counts.num_held -= record
         dropped = effects.dropped[i]
         if dropped:
             alloc.free_swa(torch.cat([slots for slots, _ in dropped]))
-            self.num_held -= sum(num for _, num in dropped)
+            self.counts.num_held -= sum(num for _, num in dropped)
         freed = effects.freed[i]
         if freed:
             alloc.free_swa(freed[0] if len(freed) == 1 else torch.cat(freed))
@@ -321,7 +312,7 @@ class SWAComponent(TreeComponent):
         is short; the SWA pages count as held. Pass as ``FullComponent.alloc``'s source."""
         slots = self.allocator.alloc(num_tokens)
         if slots is not None:
-            self.num_held += slots.shape[0]
+            self.counts.num_held += slots.shape[0]
         return slots
 
     def map_fresh(self, full_slots: torch.Tensor) -> bool:
@@ -331,7 +322,7 @@ class SWAComponent(TreeComponent):
         if swa is None:
             return False
         self.allocator.set_full_to_swa_mapping(full_slots, swa)
-        self.num_held += swa.shape[0]
+        self.counts.num_held += swa.shape[0]
         return True
 
     def count_mapped(self, full_slots: torch.Tensor) -> int:
@@ -346,14 +337,14 @@ class SWAComponent(TreeComponent):
         pages mapped to them too) and stop counting those SWA pages as held."""
         num = self.count_mapped(full_slots)
         free(full_slots)
-        self.num_held -= num
+        self.counts.num_held -= num
 
     def free_held(self, full_slots: torch.Tensor) -> None:
         """Free the SWA pages mapped to the caller's ``full_slots`` (whole pages; the caller
         checked that the tree does not own them). Unmapped pages are skipped."""
         num = self.count_mapped(full_slots)
         self.allocator.free_swa(full_slots)
-        self.num_held -= num
+        self.counts.num_held -= num
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -361,11 +352,28 @@ class SWAComponent(TreeComponent):
             "swa_cached_tokens": self.cached_tokens,
             "swa_held_tokens": self.num_held,
             "swa_free_tokens": self.allocator.swa_available_size(),
-            "swa_evicted_tokens": self.num_evicted,
             "swa_evictable_nodes": len(self.evictable),
         }
 
     # ---------------------------------------------------------------- linker (swa_linker.py)
 
-    build_external_linker_transfer = swa_linker.build_transfer
-    update_external_linker_load = swa_linker.update_load
+    def build_external_linker_transfer(
+        self, phase: LinkerTransferPhase, node: TreeNode | None, keys: list[str]
+    ) -> PoolTransfer | None:
+        """See ``SWALinker.build_transfer``."""
+        return self._linker.build_transfer(phase, node, keys)
+
+    def update_external_linker_load(
+        self,
+        phase: ExternalLinkerLoadPhase,
+        req: Any,
+        full_transfer: PoolTransfer | None,
+        transfer: PoolTransfer | None,
+        prefix_len: int,
+        *,
+        insert_result: InsertResult | None = None,
+        canonical_full: torch.Tensor | None = None,
+    ) -> PoolTransfer | None:
+        """See ``SWALinker.update_load``."""
+        return self._linker.update_load(phase, req, full_transfer, transfer, prefix_len,
+                                        insert_result=insert_result)

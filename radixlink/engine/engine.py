@@ -227,18 +227,25 @@ class Engine:
         lookup_id = req_id if linker is not None else None
         m = cache.match_prefix(key, req_id=lookup_id)
         if linker is None or not m.external_hit_len or not linker.load(lookup_id):
-            return _Prefix(m.device_indices, m.prefix_len, 0, cache.lock(m.last_node),
-                           m.mamba_slot)
+            return self._own_prefix(_Prefix(m.device_indices, m.prefix_len, 0,
+                                            cache.lock(m.last_node)), m.last_node)
         t0, before = time.perf_counter(), linker.stats().get("loaded_bytes", 0)
         out = linker.wait_load(lookup_id)
         loaded = linker.stats().get("loaded_bytes", 0) - before
-        state = m.mamba_slot
-        if out.ok and out.match is not None and out.match.mamba_slot is not None:
-            if state is not None:  # the restored prefix's state replaces the device one
-                cache.free_state(state)
-            state = out.match.mamba_slot
-        return _Prefix(out.device_indices, out.prefix_len - out.loaded_len, out.loaded_len,
-                       out.lock, state, loaded, time.perf_counter() - t0, not out.ok)
+        prefix = _Prefix(out.device_indices, out.prefix_len - out.loaded_len, out.loaded_len,
+                         out.lock, None, loaded, time.perf_counter() - t0, not out.ok)
+        return self._own_prefix(prefix, out.last_node)
+
+    def _own_prefix(self, prefix: _Prefix, node: Any) -> _Prefix:
+        """With cached Mamba states, take the request's own copy of the state at the prefix's
+        end (match and load only report the tree's); without one, recompute from scratch."""
+        if self._states is None or not prefix.slots.numel():
+            return prefix
+        prefix.state_slot = self.cache.copy_state(node)
+        if prefix.state_slot is None:  # every state is held or locked: recompute
+            self._release(prefix)
+            return _Prefix(self._empty, 0, 0, None, load_failed=prefix.load_failed)
+        return prefix
 
     def _begin(self, prefix: _Prefix, total: int) -> _Seq | None:
         """Slots for positions ``[use, total)`` in every pool (evicting when short); None

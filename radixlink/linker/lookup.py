@@ -1,18 +1,22 @@
-"""LOOKUP: hashes of a request's device-uncached tail and which prefix lengths the store can
-restore (through the one pure rule in ``restorable.py``).
+"""LOOKUP: hashes of a request's device-uncached tail, which prefix lengths the store can restore
+(through the one pure rule in ``restorable.py``), and the bounded memory of lookups that
+``load()`` may still claim.
 
-Owns nothing stateful; reads the tree only through a ``MatchResult`` and component hooks.
-A store failure of any kind (``StoreError``, or an ``OSError`` a backend let through) is a miss.
+Owns no tree state; reads the tree only through a ``MatchResult`` and component hooks. Store
+presence comes through the linker's ``StoreGuard`` (time budget + circuit breaker): a failed,
+skipped or slow store is a miss.
 """
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from radixlink.contract import LinkerTransferPhase, MatchResult, PoolTransfer
-from radixlink.errors import StoreError
 from radixlink.hashing import page_hashes
 from radixlink.linker.records import Lookup
 from radixlink.linker.restorable import presence_from_store, restorable_prefix_pages
@@ -41,16 +45,15 @@ def lookup_transfers(components: Any, keys: list[str]) -> list[PoolTransfer]:
 
 
 def restorable_pages(linker: Any, keys: list[str], namespace: Any) -> list[int]:
-    """Every tail length (pages) this rank can restore; a store error is a miss (counted)."""
+    """Every tail length (pages) this rank can restore; a failed or skipped store is none."""
     components = linker.cache.components
     transfers = lookup_transfers(components, keys)
     if not transfers:
         return []
     store_keys = [k for t in transfers for k in linker.store_keys(t, namespace)]
-    try:
-        exists = linker.store.exists(store_keys)
-    except (StoreError, OSError):
-        linker.count("failures_lookup")
+    exists = linker.guard.exists(store_keys)
+    if exists is None:
+        linker.count("lookups_skipped" if linker.guard.last_skipped else "failures_lookup")
         return []
     windows = {c.pool_name: c.window_pages for c in components if c.window_pages > 0}
     presence = presence_from_store(transfers, exists, window_pages=windows)
@@ -59,18 +62,92 @@ def restorable_pages(linker: Any, keys: list[str], namespace: Any) -> list[int]:
 
 def find_restorable(linker: Any, result: MatchResult, key: bytes, namespace: Any) -> Lookup | None:
     """What the store can restore after the device match ``result`` of ``key`` (packed uint32
-    tokens), agreed across ranks (a collective when there are whole pages to look up), or None.
+    tokens) in the resolved ``namespace``, agreed across ranks (a collective when there are
+    whole pages to look up), or None.
     """
     ps, prefix = linker.page_size, result.prefix_len
     tokens = np.frombuffer(key, dtype="<u4")
     num_pages = len(tokens) // ps - prefix // ps
     if num_pages <= 0:
         return None
-    own = linker.cache.config.namespace if namespace is None else namespace
-    keys = tail_hashes(linker.cache, result, tokens, own)
+    keys = tail_hashes(linker.cache, result, tokens, namespace)
     pages = restorable_pages(linker, keys, namespace)
     best = max(linker.ranks.intersect(pages, num_pages), default=0)
     if not best:
         return None
-    return Lookup(tokens=tokens[: prefix + best * ps], prefix_len=prefix,
-                  last_node=result.last_node, keys=keys[:best], namespace=namespace)
+    # NOTE: a copy of just the restorable prefix, so a remembered lookup never pins the
+    # caller's whole packed prompt.
+    return Lookup(tokens=tokens[: prefix + best * ps].copy(), prefix_len=prefix,
+                  last_node=result.last_node, keys=keys[:best], namespace=namespace,
+                  created=time.monotonic())
+
+
+class RememberedLookups:
+    """Lookups that ``load(req_id)`` may still claim, bounded by count, bytes and age (engines
+    may look up and never load). The oldest go first past a bound.
+
+    Args:
+        max_count: lookups kept at most.
+        max_bytes: host bytes (tokens + keys) they may pin together.
+        ttl_s: age after which a lookup is dropped (None: no age bound; with several ranks
+            the clocks differ, so the linker passes None there and the bounds stay
+            deterministic).
+        clock: the time source (tests inject one).
+    """
+
+    def __init__(self, max_count: int, max_bytes: int, ttl_s: float | None,
+                 clock: Callable[[], float] = time.monotonic):
+        for name, value in (("max_count", max_count), ("max_bytes", max_bytes)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"remembered lookups: {name} must be a positive int, got "
+                                 f"{value!r}")
+        if ttl_s is not None and not ttl_s > 0:
+            raise ValueError(f"remembered lookups: ttl_s must be positive or None, got {ttl_s!r}")
+        self.max_count, self.max_bytes, self.ttl_s = max_count, max_bytes, ttl_s
+        self._clock = clock
+        self._items: OrderedDict[Any, Lookup] = OrderedDict()
+        self._bytes = 0
+        self.num_dropped = 0
+
+    def put(self, req_id: Any, lookup: Lookup | None) -> None:
+        """Remember ``lookup`` for ``req_id`` (None forgets a previous one)."""
+        self.drop(req_id)
+        if lookup is None:
+            return
+        self._items[req_id] = lookup
+        self._bytes += lookup.num_bytes
+        self._trim()
+
+    def pop(self, req_id: Any) -> Lookup | None:
+        """The lookup of ``req_id`` (forgotten now), or None (never, dropped or expired)."""
+        self._trim()
+        lookup = self._items.pop(req_id, None)
+        if lookup is not None:
+            self._bytes -= lookup.num_bytes
+        return lookup
+
+    def drop(self, req_id: Any) -> bool:
+        """Forget the lookup of ``req_id``; whether there was one."""
+        lookup = self._items.pop(req_id, None)
+        if lookup is None:
+            return False
+        self._bytes -= lookup.num_bytes
+        return True
+
+    def _trim(self) -> None:
+        oldest = None if self.ttl_s is None else self._clock() - self.ttl_s
+        while self._items:
+            first = next(iter(self._items.values()))
+            if (len(self._items) <= self.max_count and self._bytes <= self.max_bytes
+                    and (oldest is None or first.created > oldest)):
+                return
+            _, lookup = self._items.popitem(last=False)
+            self._bytes -= lookup.num_bytes
+            self.num_dropped += 1
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def stats(self) -> dict[str, int]:
+        return {"lookups_remembered": len(self._items), "lookup_bytes_remembered": self._bytes,
+                "lookups_dropped": self.num_dropped}

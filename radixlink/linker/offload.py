@@ -7,12 +7,12 @@ page data is copied out synchronously, the store write runs on the linker's work
 
 from __future__ import annotations
 
+import enum
 import time
 from collections import Counter
 from typing import Any
 
 from radixlink.contract import InsertParams, LinkerTransferPhase, PoolName
-from radixlink.errors import StoreError
 from radixlink.linker.records import (
     Offload,
     pool_fingerprint,
@@ -20,10 +20,20 @@ from radixlink.linker.records import (
     pool_payloads,
     pool_replicated,
 )
-from radixlink.linker.worker import Completion, PoolPages
+from radixlink.linker.worker import Completion, PoolPages, TransferKind
 from radixlink.stores.codec import PageCodec
 
-WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+
+class WritePolicy(str, enum.Enum):
+    """When nodes are exported: on their first hit (the creating insert counts), on their
+    N-th hit, or just before eviction frees their data."""
+
+    WRITE_THROUGH = "write_through"
+    WRITE_THROUGH_SELECTIVE = "write_through_selective"
+    WRITE_BACK = "write_back"
+
+
+WRITE_POLICIES = tuple(policy.value for policy in WritePolicy)
 
 
 class OffloadPolicy:
@@ -38,21 +48,25 @@ class OffloadPolicy:
         revalidate_after_s: age after which a stored mark is re-checked on a hit.
     """
 
-    def __init__(self, linker: Any, *, write_policy: str, threshold: int,
+    def __init__(self, linker: Any, *, write_policy: WritePolicy | str, threshold: int,
                  max_inflight_bytes: int, revalidate_after_s: float):
-        if write_policy not in WRITE_POLICIES:
-            raise ValueError(f"write_policy must be one of {WRITE_POLICIES}, got {write_policy!r}")
+        try:
+            write_policy = WritePolicy(write_policy)
+        except ValueError:
+            raise ValueError(f"write_policy must be one of {WRITE_POLICIES}, got "
+                             f"{write_policy!r}") from None
         if not isinstance(threshold, int) or threshold < 1:
             raise ValueError(f"write_through_threshold must be an int >= 1, got {threshold!r}")
         if max_inflight_bytes <= 0:
             raise ValueError(f"max_inflight_bytes must be positive, got {max_inflight_bytes}")
         self.linker = linker
         self.write_policy = write_policy
-        self.threshold = 1 if write_policy == "write_through" else threshold
+        self.threshold = 1 if write_policy is WritePolicy.WRITE_THROUGH else threshold
         self.max_inflight_bytes = max_inflight_bytes
         self.revalidate_after_s = revalidate_after_s
         self._codecs: dict[PoolName, PageCodec] = {}
-        self._inflight: dict[int, Offload] = {}
+        self._inflight: dict[int, Offload] = {}  # ticket -> offload
+        self._tickets: dict[int, int] = {}  # worker job id -> ticket
         self._inflight_bytes = 0
         self._next_ticket = 0
         self._stats: Counter[str] = Counter()
@@ -74,7 +88,7 @@ class OffloadPolicy:
         return pool is not None and pool_replicated(pool)
 
     def jobs(self) -> list[int]:
-        return list(self._inflight)
+        return list(self._tickets)
 
     # ---------------------------------------------------------------- triggers
 
@@ -86,7 +100,7 @@ class OffloadPolicy:
         if result.prefix_len < node.seq_len:
             node.hit_count += 1  # NOTE: the creating insert counts as the new leaf's first hit
         self._revalidate(node)
-        if self.write_policy == "write_back":
+        if self.write_policy is WritePolicy.WRITE_BACK:
             return
         while node.parent is not None and node.hit_count < self.threshold:
             node = node.parent
@@ -94,9 +108,17 @@ class OffloadPolicy:
             self.offload_chain(self.linker.cache.tree.backup_chain(node))
 
     def before_evict(self, node: Any) -> None:
-        """write_back: export ``node`` (and unstored ancestors) before its data is freed."""
-        if self.write_policy == "write_back" and not node.external_cache_stored:
+        """write_back: export ``node`` (and unstored ancestors) before eviction frees any of
+        its data (its full KV, or only its SWA window or state while the node stays)."""
+        if self.write_policy is WritePolicy.WRITE_BACK and not node.external_cache_stored:
             self.offload_chain(self.linker.cache.tree.backup_chain(node))
+
+    def on_split(self, parent: Any, child: Any) -> None:
+        """A node in flight was split: its new front fragment belongs to the same offload
+        (resolved through the record, so an eviction of the child cannot orphan it)."""
+        ticket = parent.offload_inflight
+        if ticket:
+            self._inflight[ticket].nodes.append(parent)
 
     def offload_chain(self, chain: list[Any]) -> bool:
         """Copy out and queue the pages of ``chain`` (ancestors first) in one store write.
@@ -106,20 +128,22 @@ class OffloadPolicy:
         if not chain:
             return False
         pools: dict[PoolName, tuple[list[str], list[Any]]] = {}
-        num_pages, namespace = 0, _namespace_of(chain[0])
+        num_pages, num_bytes, namespace = 0, 0, _namespace_of(chain[0])
         for node in chain:
             for component in self.linker.cache.components:
                 transfer = component.build_external_linker_transfer(
                     LinkerTransferPhase.OFFLOAD, node, node.hash_value)
                 if transfer is None:
                     continue
+                pool = self.linker.cache.pool(transfer.name)
+                # NOTE: counted on every rank, written or not, so the budget decides alike
+                num_bytes += len(transfer.keys) * pool_page_bytes(pool)
+                num_pages += len(transfer.keys)
                 if self.replicated(transfer.name) and self.linker.ranks.rank != 0:
                     continue  # NOTE: identical bytes on every rank are written by rank 0 only
                 keys, payloads = pools.setdefault(transfer.name, ([], []))
                 keys.extend(self.linker.store_keys(transfer, namespace))
-                payloads.extend(pool_payloads(self.linker.cache.pool(transfer.name), transfer))
-                num_pages += len(transfer.keys)
-        num_bytes = sum(int(p.numel()) for _, payloads in pools.values() for p in payloads)
+                payloads.extend(pool_payloads(pool, transfer))
         if self._inflight_bytes + num_bytes > self.max_inflight_bytes:
             self._stats["dropped_offloads"] += 1
             return False
@@ -129,8 +153,9 @@ class OffloadPolicy:
             node.offload_inflight = ticket
         job = [PoolPages(keys=keys, codec=self.codec(name), payloads=payloads)
                for name, (keys, payloads) in pools.items()]
-        job_id = self.linker.submit_offload(job)
-        self._inflight[job_id] = Offload(ticket=ticket, nodes=list(chain), num_bytes=num_bytes,
+        job_id = self.linker.submit(TransferKind.OFFLOAD, job)
+        self._tickets[job_id] = ticket
+        self._inflight[ticket] = Offload(ticket=ticket, nodes=list(chain), num_bytes=num_bytes,
                                          num_pages=num_pages)
         self._inflight_bytes += num_bytes
         self._stats["offloads"] += 1
@@ -141,7 +166,7 @@ class OffloadPolicy:
     def finish(self, done: Completion) -> None:
         """Mark every node (and split fragment) of a finished offload stored, when every rank's
         write succeeded; otherwise clear the in-flight mark so a later hit retries."""
-        offload = self._inflight.pop(done.job_id)
+        offload = self._inflight.pop(self._tickets.pop(done.job_id))
         self._inflight_bytes -= offload.num_bytes
         ok = self.linker.ranks.all_ok(done.ok)
         if ok:
@@ -150,20 +175,21 @@ class OffloadPolicy:
         else:
             self._stats["failures_offload"] += 1
         now, events = time.monotonic(), getattr(self.linker.cache, "kv_events", None)
-        for node in offload.nodes:
-            while node is not None and node.offload_inflight == offload.ticket:
-                node.offload_inflight = 0
-                if ok and events is not None:
-                    events.emit_node("stored", "store", node)
-                if ok and node.seq_len >= 0:
-                    node.external_cache_stored = True
-                    node.stored_at = now
-                node = node.parent  # split fragments sit above the node they were cut from
+        for node in offload.nodes:  # split fragments were added by on_split
+            if node.offload_inflight != offload.ticket:
+                continue
+            node.offload_inflight = 0
+            if ok and events is not None:
+                events.emit_node("stored", "store", node)
+            if ok and node.seq_len >= 0:
+                node.external_cache_stored = True
+                node.stored_at = now
 
     def mark_loaded(self, last_node: Any, prefix_len: int) -> None:
-        """Pages just loaded from the store are in the store: mark their nodes."""
+        """Pages just loaded from the store are in the store: mark the nodes they cover
+        whole (a node starting below ``prefix_len`` also holds device pages nobody checked)."""
         now, node = time.monotonic(), last_node
-        while node is not None and node.parent is not None and node.seq_len > prefix_len:
+        while node.parent is not None and node.seq_len - node.num_tokens >= prefix_len:
             node.external_cache_stored = True
             node.stored_at = now
             node = node.parent
@@ -188,9 +214,8 @@ class OffloadPolicy:
                 if transfer is not None:
                     keys.extend(self.linker.store_keys(transfer, namespace))
             keys_per_node.append(keys)
-        try:
-            present = self.linker.store.exists([k for keys in keys_per_node for k in keys])
-        except (StoreError, OSError):  # NOTE: a backend's stray OSError is a failed check too
+        present = self.linker.guard.exists([k for keys in keys_per_node for k in keys])
+        if present is None:  # failed, slow or skipped (breaker open): check again next hit
             self._stats["failures_revalidate"] += 1
             return
         self._stats["revalidations"] += 1

@@ -7,7 +7,7 @@ Owns plain data and byte movement between pools and host buffers. Must not touch
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,19 +18,20 @@ from radixlink.memory.pools import KVPool, MambaStatePool
 
 @dataclass(slots=True, kw_only=True)
 class LoadOutcome:
-    """A finished load, as ``poll`` / ``wait_load`` return it.
+    """A finished load, as ``poll`` / ``wait_load`` return it. The caller owns ``lock``.
 
     Attributes:
         req_id: the request.
         ok: the store's pages arrived, were verified and are now in the tree.
         prefix_len: tokens of the request now on device (device match + loaded), page aligned.
-            On failure, the device prefix the request had before the load.
+            On failure, the device prefix the request had when it called ``load``.
         device_indices: the tree's canonical full-pool slots for ``[0, prefix_len)``.
-        last_node: where that prefix ends.
-        lock: the lock taken on ``last_node`` for the caller; pass it to ``cache.unlock``.
+        last_node: where that prefix ends (on a MAMBA cache, take the request's own state with
+            ``cache.copy_state(last_node)`` when ``prefix_len > 0``).
+        lock: the lock on ``last_node`` taken for the caller; pass it to ``cache.unlock``.
         loaded_len: tokens that came from the store (0 on failure).
-        match: the device match of the restored prefix (SWA window slots, the request's
-            copy-on-write Mamba state slot, which the caller then owns), or None on failure.
+        match: a read-only match of the restored prefix (SWA window slots, the tree's Mamba
+            state slot), or None on failure.
         reason: why the load failed ("" when ok).
     """
 
@@ -50,55 +51,36 @@ class Lookup:
     """What ``match_prefix(req_id=...)`` found in the store for one request.
 
     ``keys`` are the chained page hashes of the restorable tail (``num_pages`` of them),
-    page 0 = first device-uncached page.
+    page 0 = first device-uncached page; ``namespace`` is the resolved (layered) one.
     """
 
-    tokens: Any  # numpy uint32 view of the whole-page key, [0, prefix_len + num_pages * ps)
+    tokens: Any  # numpy uint32 copy of the whole-page key, [0, prefix_len + num_pages * ps)
     prefix_len: int
     last_node: Any
     keys: list[str]
     namespace: Any = None
+    created: float = 0.0  # time.monotonic() of the lookup
 
     @property
     def num_pages(self) -> int:
         return len(self.keys)
 
     @property
-    def signature(self) -> tuple[str, int]:
-        """Identifies the pages: the last chained hash names the whole prefix."""
-        return (self.keys[-1], len(self.keys))
+    def num_bytes(self) -> int:
+        """Host memory this lookup pins while remembered (tokens and key strings)."""
+        return int(self.tokens.nbytes) + sum(len(k) + 49 for k in self.keys)
 
-
-@dataclass(slots=True, kw_only=True)
-class Load:
-    """One load between ``load`` and its outcome.
-
-    Attributes:
-        job_id: the worker's job (None for a follower sharing another load's transfer).
-        transfers: per taking-part component, the prepared transfer (same order as the
-            components); None where a component takes no part.
-        handle: the lock on the device prefix, held while the load runs.
-        swa_evicted_seqlen: raised by SWA's PREPARE so the insert tombstones below the window.
-        leader: for a follower, the load whose transfer it shares.
-    """
-
-    req_id: Any
-    lookup: Lookup
-    handle: Any
-    started: float
-    job_id: int | None = None
-    transfers: list[PoolTransfer | None] = field(default_factory=list)
-    swa_evicted_seqlen: int = 0
-    leader: Load | None = None
-    followers: list[Load] = field(default_factory=list)
-    timed_out: bool = False
-    delivered: bool = False
+    @property
+    def signature(self) -> tuple[str, int, int]:
+        """Identifies the pages and where they start: the last chained hash names the whole
+        prefix (namespace included)."""
+        return (self.keys[-1], len(self.keys), self.prefix_len)
 
 
 @dataclass(slots=True, kw_only=True)
 class Offload:
-    """One offload in flight: the nodes it covers (split fragments are found through
-    ``node.offload_inflight == ticket``) and the bytes it counts against the budget."""
+    """One offload in flight: the nodes it covers (split fragments are added by the tree's
+    ``on_split`` as they appear) and the bytes it counts against the budget."""
 
     ticket: int
     nodes: list[Any]

@@ -1,5 +1,5 @@
-"""The linker's counters and load / offload latency histograms, and the guard that keeps the
-linker's own re-matches out of the cache's hit counters (docs/benchmarks.md, Observability).
+"""The linker's counters and load / offload latency histograms (docs/benchmarks.md,
+Observability).
 
 Owns stat shapes only; must not touch the tree, the store or the worker's threads.
 """
@@ -7,11 +7,9 @@ Owns stat shapes only; must not touch the tree, the store or the worker's thread
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-from radixlink.linker.worker import Completion
+from radixlink.linker.worker import Completion, TransferKind
 from radixlink.metrics import LatencyHistogram
 
 
@@ -25,7 +23,7 @@ class LinkerStats:
 
     def observe(self, done: Completion) -> None:
         """Record one applied completion's transfer time (failed ones included)."""
-        hist = self.load_seconds if done.kind == "load" else self.offload_seconds
+        hist = self.load_seconds if done.kind is TransferKind.LOAD else self.offload_seconds
         hist.observe(done.seconds)
 
     def snapshot(self, offload_stats: dict[str, Any], **gauges: int) -> dict[str, Any]:
@@ -37,14 +35,3 @@ class LinkerStats:
         out["load_seconds"] = self.load_seconds.snapshot()
         out["offload_seconds"] = self.offload_seconds.snapshot()
         return out
-
-
-@contextmanager
-def quiet_matches(cache: Any) -> Iterator[None]:
-    """Within it, ``cache.match_prefix`` calls are the linker's own (publish, delivery) and
-    count no request hits."""
-    cache.quiet_matches += 1
-    try:
-        yield
-    finally:
-        cache.quiet_matches -= 1

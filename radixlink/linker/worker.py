@@ -22,6 +22,13 @@ from radixlink.stores.base import Store
 from radixlink.stores.codec import PageCodec
 
 
+class TransferKind(enum.Enum):
+    """What a background transfer does."""
+
+    LOAD = "load"
+    OFFLOAD = "offload"
+
+
 class TransferStatus(enum.Enum):
     """How a background transfer ended."""
 
@@ -30,6 +37,9 @@ class TransferStatus(enum.Enum):
     CORRUPT = "corrupt"  # checksum, length, layout fingerprint or version mismatch
     STORE_ERROR = "store_error"
     CANCELLED = "cancelled"
+
+
+_LOAD, _OFFLOAD = TransferKind.LOAD, TransferKind.OFFLOAD
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,7 +61,7 @@ class Completion:
     """One finished background transfer."""
 
     job_id: int
-    kind: str  # "load" | "offload"
+    kind: TransferKind
     status: TransferStatus
     num_bytes: int = 0
     seconds: float = 0.0
@@ -82,13 +92,14 @@ class TransferWorker:
         self._next_id = 0
         self._closed = False
 
-    def submit_load(self, pools: Sequence[PoolPages]) -> int:
-        """Queue a load: one batched get of every pool's keys, verify, then write."""
-        return self._submit("load", self._run_load, pools)
+    def submit(self, kind: TransferKind, pools: Sequence[PoolPages]) -> int:
+        """Queue a job; returns its id (ids increase in submission order).
 
-    def submit_offload(self, pools: Sequence[PoolPages]) -> int:
-        """Queue an offload: encode every payload, one batched put."""
-        return self._submit("offload", self._run_offload, pools)
+        LOAD: one batched get of every pool's keys, verify, then write into the reserved slots.
+        OFFLOAD: encode every payload, one batched put.
+        """
+        run = self._run_load if kind is TransferKind.LOAD else self._run_offload
+        return self._submit(kind, run, pools)
 
     def cancel(self, job_id: int) -> None:
         """Ask a queued load not to write; it completes as CANCELLED (its slots stay reserved
@@ -130,7 +141,7 @@ class TransferWorker:
             self._closed = True
         self._pool.shutdown(wait=True)
 
-    def _submit(self, kind: str, fn: Callable[[int, Sequence[PoolPages]], Completion],
+    def _submit(self, kind: TransferKind, fn: Callable[[int, Sequence[PoolPages]], Completion],
                 pools: Sequence[PoolPages]) -> int:
         with self._lock:
             if self._closed:
@@ -141,7 +152,8 @@ class TransferWorker:
         self._pool.submit(self._guarded, job_id, kind, fn, pools)
         return job_id
 
-    def _guarded(self, job_id: int, kind: str, fn: Callable[[int, Sequence[PoolPages]], Completion],
+    def _guarded(self, job_id: int, kind: TransferKind,
+                 fn: Callable[[int, Sequence[PoolPages]], Completion],
                  pools: Sequence[PoolPages]) -> None:
         start = time.perf_counter()
         try:
@@ -168,10 +180,10 @@ class TransferWorker:
             if any(v is None for v in views):
                 missing = any(b is None for b in raw)
                 status = TransferStatus.MISSING if missing else TransferStatus.CORRUPT
-                return Completion(job_id=job_id, kind="load", status=status,
+                return Completion(job_id=job_id, kind=_LOAD, status=status,
                                   detail=f"{sum(v is None for v in views)} bad page(s)")
             if any(v.nbytes != pool.codec.page_bytes for v in views):  # type: ignore[union-attr]
-                return Completion(job_id=job_id, kind="load", status=TransferStatus.CORRUPT,
+                return Completion(job_id=job_id, kind=_LOAD, status=TransferStatus.CORRUPT,
                                   detail="short page")
             # NOTE: one join + one frombuffer per pool; the pool scatters all pages in one op.
             joined = bytearray(b"".join(views))  # type: ignore[arg-type]
@@ -179,11 +191,11 @@ class TransferWorker:
             num_bytes += len(joined)
         with self._lock:
             if job_id in self._cancelled:
-                return Completion(job_id=job_id, kind="load", status=TransferStatus.CANCELLED)
+                return Completion(job_id=job_id, kind=_LOAD, status=TransferStatus.CANCELLED)
         for pool, data in zip(pools, pages):
             assert pool.write is not None, "a load job needs a writer per pool"
             pool.write(data)
-        return Completion(job_id=job_id, kind="load", status=TransferStatus.OK,
+        return Completion(job_id=job_id, kind=_LOAD, status=TransferStatus.OK,
                           num_bytes=num_bytes)
 
     def _run_offload(self, job_id: int, pools: Sequence[PoolPages]) -> Completion:
@@ -195,5 +207,5 @@ class TransferWorker:
         num_bytes = sum(len(v) for v in items.values())
         status = TransferStatus.OK if all(results) else TransferStatus.STORE_ERROR
         detail = "" if all(results) else f"{results.count(False)} page(s) not stored"
-        return Completion(job_id=job_id, kind="offload", status=status, num_bytes=num_bytes,
+        return Completion(job_id=job_id, kind=_OFFLOAD, status=status, num_bytes=num_bytes,
                           detail=detail)

@@ -41,8 +41,7 @@ class PagedAllocator:
             )
         self.page_size = page_size
         self.num_pages = num_tokens // page_size
-        # The tensor's device, so "cuda" resolves to "cuda:0" and matches the slots we hand out.
-        self.device = torch.empty(0, dtype=_INT64, device=device).device
+        self.device = tensor_device(device)  # "cuda" -> "cuda:0": matches the slots handed out
         self._on_cpu = self.device.type == "cpu"
         # NOTE: the bookkeeping lives in host numpy arrays whatever the device: a numpy call
         # costs ~0.3-1 us where a torch op costs 5-10 us of dispatch (a CPU free went from ~20
@@ -133,6 +132,55 @@ class PagedAllocator:
             return False
         return not np.count_nonzero(self._is_free[pages])
 
+    def explain_not_held(self, slots: torch.Tensor) -> str | None:
+        """Why ``slots`` are not distinct, whole, page-aligned runs that are all handed out
+        right now, naming the first bad slot (None when they are). For validating caller input
+        before anything changes: a handful of array ops when the slots are good."""
+        arr = self._host(slots)
+        ps, n = self.page_size, arr.shape[0]
+        if n % ps:
+            return f"{n} slots is not a whole number of pages (page_size={ps})"
+        if not n:
+            return None
+        # NOTE: the fast path is ~8 numpy calls (a few us at 2k tokens); the message is built
+        # only when something is wrong.
+        pages = arr[::ps] // ps
+        ordered = np.sort(pages)
+        if (ordered[0] < 1 or ordered[-1] > self.num_pages
+                or arr.tobytes() != self._page_slots.take(pages, 0).tobytes()
+                or np.count_nonzero(self._is_free[pages])
+                or np.count_nonzero(ordered[1:] == ordered[:-1])):
+            return self._explain(arr)
+        return None
+
+    def _explain(self, arr: np.ndarray) -> str:
+        """The slow path of ``explain_not_held``: name the first bad slot and the rule."""
+        ps = self.page_size
+        outside = (arr < ps) | (arr >= self.num_slots)
+        if np.count_nonzero(outside):
+            i = int(np.argmax(outside))
+            return (f"slot {int(arr[i])} at index {i} is outside the pool (valid "
+                    f"{ps}..{self.num_slots - 1}; slots 0..{ps - 1} are the padding page)")
+        grid = arr.reshape(-1, ps)
+        heads = grid[:, 0]
+        broken = (heads % ps != 0) | np.any(grid != heads[:, None] + self._page_slots[0], axis=1)
+        if np.count_nonzero(broken):
+            i = int(np.argmax(broken)) * ps
+            return (f"slots at index {i}..{i + ps - 1} ({grid[i // ps].tolist()}) are not one "
+                    f"page-aligned run of page_size={ps}")
+        pages = heads // ps
+        free = self._is_free[pages]
+        if np.count_nonzero(free):
+            i = int(np.argmax(free))
+            return (f"slot {int(heads[i])} at index {i * ps} (page {int(pages[i])}) is free: "
+                    "it was never allocated or was freed already")
+        order = np.argsort(pages, kind="stable")
+        repeat = pages[order[1:]] == pages[order[:-1]]
+        if np.count_nonzero(repeat):
+            i = int(order[1:][int(np.argmax(repeat))])
+            return f"page {int(pages[i])} (slot {int(heads[i])}) appears twice, at index {i * ps}"
+        raise AssertionError(f"explain_not_held found nothing wrong with {arr.tolist()[:16]}")
+
     def pages_to_slots(self, pages: torch.Tensor) -> torch.Tensor:
         arr = self._host(pages).astype(np.int64, copy=False)
         return self._to_device((arr[:, None] * self.page_size + self._page_slots[0]).reshape(-1))
@@ -199,6 +247,19 @@ class PagedAllocator:
         if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 0:
             raise ValueError(f"num_tokens must be a non-negative int, got {num_tokens!r}")
         return -(-num_tokens // self.page_size)
+
+
+def tensor_device(device: str | torch.device) -> torch.device:
+    """``device`` as the tensors made there report it, so comparisons are exact: ``cpu:0`` is
+    ``cpu``, ``cuda`` is ``cuda:<current device>``.
+
+    Raises:
+        ValueError: no such device here (e.g. ``cuda`` on a machine without a GPU).
+    """
+    try:
+        return torch.empty(0, device=device).device
+    except (RuntimeError, AssertionError) as exc:
+        raise ValueError(f"device {device!r} is not usable here: {exc}") from None
 
 
 def _outside(lo: int, hi: int, num_pages: int) -> str:

@@ -175,3 +175,33 @@ def _check_slot_tensor(slots: object, device: torch.device) -> None:
         raise ValueError(f"slots must be a 1-D int64 torch.Tensor, got {slots!r:.80}")
     if slots.device != device:
         raise ValueError(f"slots are on {slots.device}, expected {device}")
+
+
+class SWAFullSide:
+    """The full pool of an ``SWAAllocator`` as the ``SlotAllocator`` of ``FullComponent``.
+
+    ``alloc`` hands out full pages with no SWA page mapped (the facade maps SWA pages to what a
+    request will write; a load maps only its window); ``free`` frees full pages together with
+    any SWA pages still mapped to them.
+    """
+
+    def __init__(self, allocator: SWAAllocator):
+        self._hybrid = allocator
+        self.page_size = allocator.page_size
+        self.device = allocator.device
+        self.num_pages = allocator.full.num_pages
+
+    def alloc(self, num_tokens: int) -> torch.Tensor | None:
+        return self._hybrid.full.alloc(num_tokens)
+
+    def free(self, slots: torch.Tensor) -> None:
+        self._hybrid.free(slots)
+
+    def available_size(self) -> int:
+        return self._hybrid.full_available_size()
+
+    def explain_not_held(self, slots: torch.Tensor) -> str | None:
+        return self._hybrid.full.explain_not_held(slots)
+
+    def total_size(self) -> int:
+        return self._hybrid.full_total_size()

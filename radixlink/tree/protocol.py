@@ -1,17 +1,46 @@
-"""The hook set the tree calls on every component; the tree knows components only through it.
+"""The hook sets between the tree and its parts: what the tree calls on every component, what a
+component may call back on the tree, and what an observer (the linker) hears about.
 
-Owns signatures only. ``radixlink.components.base.TreeComponent`` implements it with defaults.
+Owns signatures only. ``radixlink.components.base.TreeComponent`` implements ``Component`` with
+defaults; ``RadixTree`` implements ``TreeOps``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from collections.abc import Iterator
+from typing import Any, ClassVar, Protocol
+
+import torch
 
 from radixlink.contract import ComponentType
 from radixlink.tree.node import Effects, InsertContext, TreeNode
 
-if TYPE_CHECKING:
-    from radixlink.tree.tree import RadixTree
+
+class TreeOps(Protocol):
+    """The tree as a component sees it: its page size and the two structural removals."""
+
+    page_size: int
+    num_components: int
+
+    def remove_leaf(self, node: TreeNode, effects: Effects) -> None:
+        """Remove unlocked leaf ``node`` (every component releases its data)."""
+
+    def tombstone(self, node: TreeNode, index: int, effects: Effects) -> None:
+        """Release component ``index``'s data on ``node``, keeping the node."""
+
+    def iter_nodes(self) -> Iterator[TreeNode]:
+        """Every non-root node, parents before children (for checks)."""
+
+
+class TreeObserver(Protocol):
+    """What an attached linker hears from the tree, synchronously and before the change."""
+
+    def before_evict(self, node: TreeNode) -> None:
+        """Eviction is about to free some of ``node``'s data (its full KV, its SWA window or
+        its state); all of it is still intact."""
+
+    def on_split(self, parent: TreeNode, child: TreeNode) -> None:
+        """``parent`` was just cut from the front of ``child`` (hashes and marks copied)."""
 
 
 class Component(Protocol):
@@ -24,12 +53,16 @@ class Component(Protocol):
     component_type: ClassVar[ComponentType]
     index: int
 
-    def bind(self, tree: RadixTree, index: int) -> None:
+    def bind(self, tree: TreeOps, index: int) -> None:
         """Called once by the tree that owns this component."""
 
     def match_accept(self, nodes: list[TreeNode], limit: int) -> int:
         """The largest page-aligned boundary ``<= limit`` at which this component can serve
         the prefix along ``nodes`` (0 is always acceptable). Read-only."""
+
+    def check_prefix(self, nodes: list[TreeNode], value: torch.Tensor, prev: int) -> str | None:
+        """Backbone only, before an insert changes anything: why ``value[:prev]`` is not the
+        tree's own data for the first ``prev`` tokens along ``nodes`` (None when it is)."""
 
     def insert_overlap(self, ctx: InsertContext, node: TreeNode, start: int, end: int) -> None:
         """The key covers existing ``node`` (tokens ``[start, end)``) and this component holds

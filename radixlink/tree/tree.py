@@ -6,7 +6,7 @@ Never names a component and never touches allocators: slot decisions come back a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -15,7 +15,7 @@ from radixlink.contract import InsertParams, InsertResult
 from radixlink.hashing import namespace_id, page_hashes
 from radixlink.tree.keys import TOKEN_BYTES, common_prefix_bytes, key_tokens
 from radixlink.tree.node import Effects, InsertContext, LockHandle, MatchPath, TreeNode
-from radixlink.tree.protocol import Component
+from radixlink.tree.protocol import Component, TreeObserver
 
 
 class RadixTree:
@@ -28,6 +28,7 @@ class RadixTree:
             for new nodes. Off costs nothing.
         hash_algo: the page hash function when hashing.
         namespace: the default namespace (its chain seed starts the main root's hashes).
+        check_inserts: check that an insert's slots below ``prev_prefix_len`` are the tree's.
     """
 
     def __init__(
@@ -38,6 +39,7 @@ class RadixTree:
         hashing: bool = False,
         hash_algo: str = "sha256",
         namespace: Any = None,
+        check_inserts: bool = True,
     ):
         if not components:
             raise ValueError("a tree needs at least one component (the backbone)")
@@ -49,10 +51,11 @@ class RadixTree:
         self.num_components = len(self.components)
         self.hashing = hashing
         self.hash_algo = hash_algo
+        self.check_inserts = check_inserts
         self.clock = 0
         self.num_nodes = 0
-        # NOTE: set while a linker is attached (write-back offload); one None check per victim.
-        self.before_evict: Callable[[TreeNode], None] | None = None
+        # NOTE: set while a linker is attached; one None check per victim and per split.
+        self.observer: TreeObserver | None = None
         self.kv_events: Any = None  # a KVEventQueue: device STORED / REMOVED per node
         self._next_id = 0
         self._next_handle = 0
@@ -65,11 +68,12 @@ class RadixTree:
 
     # ------------------------------------------------------------------ match
 
-    def match(self, key: bytes, namespace: Any = None) -> MatchPath:
+    def match(self, key: bytes, namespace: Any = None, *, touch: bool = True) -> MatchPath:
         """The longest whole-page prefix of ``key`` that every component accepts.
 
-        Read-only except for recency: the accepted path's ``last_access`` moves to a new
-        clock tick. Never splits; the prefix may end inside ``last_node``.
+        Read-only except for recency: with ``touch`` the accepted path's ``last_access``
+        moves to a new clock tick; without it (a peek) nothing changes at all. Never splits;
+        the prefix may end inside ``last_node``. An empty match ends at the main root.
         """
         root = self.root if namespace is None else self._roots.get(namespace_id(namespace))
         if root is None:
@@ -88,12 +92,13 @@ class RadixTree:
                     break
         while nodes and nodes[-1].seq_len - (len(nodes[-1].key) >> 2) >= limit:
             nodes.pop()
-        self.clock += 1
-        clock = self.clock
-        for node in nodes:
-            node.last_access = clock
         if not nodes:
-            return MatchPath(nodes, 0, root, 0)
+            return MatchPath(nodes, 0, self.root, 0)
+        if touch:
+            self.clock += 1
+            clock = self.clock
+            for node in nodes:
+                node.last_access = clock
         last = nodes[-1]
         return MatchPath(nodes, limit, last, limit - last.seq_len + (len(last.key) >> 2))
 
@@ -120,17 +125,24 @@ class RadixTree:
     # ------------------------------------------------------------------ insert
 
     def insert(
-        self, key: bytes, value: torch.Tensor, params: InsertParams, aligned_len: int
+        self,
+        key: bytes,
+        value: torch.Tensor,
+        params: InsertParams,
+        aligned_len: int,
+        *,
+        hit: bool = True,
     ) -> tuple[InsertResult, Effects]:
         """Insert ``key[:aligned_len]`` with the caller's ``value`` (DESIGN.md section 4).
 
         The caller's slots below ``params.prev_prefix_len`` are the tree's own; above it, pages
         the tree already holds are duplicates (``Effects.dropped``), tombstones adopt the
-        caller's data (unevict) and the rest becomes a new leaf (``Effects.adopted``).
+        caller's data (unevict) and the rest becomes a new leaf (``Effects.adopted``). With
+        ``hit`` (and not ``params.chunked``) the existing nodes on the path count a hit.
 
         Raises:
-            ValueError: ``prev_prefix_len`` exceeds what the tree holds of this key; nothing
-                changed.
+            ValueError: ``prev_prefix_len`` exceeds what the tree holds of this key, or the
+                caller's slots below it are not the tree's slots there; nothing changed.
         """
         namespace = params.namespace
         root = self.root if namespace is None else self._roots.get(namespace_id(namespace))
@@ -143,6 +155,10 @@ class RadixTree:
                 f"prev_prefix_len={prev} but the tree holds only {held} tokens of this key; "
                 "pass the prefix_len of a match whose last_node you locked"
             )
+        if prev and self.check_inserts:
+            problem = self.components[0].check_prefix(nodes, value, prev)
+            if problem is not None:
+                raise ValueError(problem)
         if root is None:  # a new namespace: created only once the insert is known to be valid
             root = self._roots[namespace_id(namespace)] = self._new_root(namespace)
         if nodes and matched < nodes[-1].seq_len:
@@ -151,7 +167,7 @@ class RadixTree:
         result = InsertResult(prefix_len=matched)
         ctx = InsertContext(key, value, aligned_len, params, result, effects)
         self.clock += 1
-        clock, hit = self.clock, not params.chunked
+        clock, hit = self.clock, hit and not params.chunked
         components, events = self.components, self.kv_events
         for node in nodes:
             node.last_access = clock
@@ -234,6 +250,8 @@ class RadixTree:
         self.num_nodes += 1
         for component in self.components:
             component.split(parent, node)
+        if self.observer is not None:
+            self.observer.on_split(parent, node)
         return parent
 
     # ------------------------------------------------------------------ removal / eviction
@@ -248,14 +266,14 @@ class RadixTree:
 
     def remove_leaf(self, node: TreeNode, effects: Effects) -> None:
         """Remove leaf ``node`` (every component releases its data into ``effects``); an
-        unlocked parent left as a leaf that some component no longer keeps goes too.
-        ``before_evict`` (if set) sees each node that still holds backbone data first, while
-        that data is intact."""
+        unlocked parent left as a leaf that some component no longer keeps goes too, and so
+        does a request namespace's root left without children. The ``observer`` (if set) sees
+        each node that still holds backbone data first, while that data is intact."""
         while True:
             assert not node.children and node.parent is not None, f"remove_leaf({node})"
             assert not any(node.lock_refs), f"remove_leaf of locked {node}"
-            if self.before_evict is not None and node.values[0] is not None:
-                self.before_evict(node)
+            if self.observer is not None and node.values[0] is not None:
+                self.observer.before_evict(node)
             if self.kv_events is not None and node.values[0] is not None:
                 self.kv_events.emit_node("removed", "device", node)
             for component in self._release_order:
@@ -265,7 +283,12 @@ class RadixTree:
             node.parent = None
             node.seq_len = -1
             self.num_nodes -= 1
-            if parent.parent is None or parent.children:
+            if parent.children:
+                return
+            if parent.parent is None:
+                if parent is not self.root:  # NOTE: else every distinct cache_salt leaks a root
+                    del self._roots[namespace_id(parent.namespace)]
+                    self._root_ids.discard(id(parent))
                 return
             if any(parent.lock_refs) or self._keeps_leaf(parent):
                 for component in self.components:
@@ -276,12 +299,14 @@ class RadixTree:
     def tombstone(self, node: TreeNode, index: int, effects: Effects) -> None:
         """Release component ``index``'s data on ``node``, keeping the node for the others.
         The backbone's data goes with every component's (they all depend on it). An unlocked
-        leaf some component no longer keeps (see ``_keeps_leaf``) is removed."""
+        leaf some component no longer keeps (see ``_keeps_leaf``) is removed. The
+        ``observer`` sees the node first, while all its data is intact (a write-back linker
+        exports a dependent component's data before its own eviction frees it)."""
         assert node.parent is not None, f"tombstone of a root {node}"
-        if index == 0 and node.values[0] is not None:
-            if self.before_evict is not None:
-                self.before_evict(node)
-            if self.kv_events is not None:
+        if node.values[0] is not None and node.values[index] is not None:
+            if self.observer is not None:
+                self.observer.before_evict(node)
+            if index == 0 and self.kv_events is not None:
                 self.kv_events.emit_node("removed", "device", node)
         released = self._release_order if index == 0 else (self.components[index],)
         for component in released:
@@ -340,11 +365,13 @@ class RadixTree:
     # ------------------------------------------------------------------ linker support
 
     def backup_chain(self, node: TreeNode) -> list[TreeNode]:
-        """Nodes to offload for ``node``: ancestors first, starting below the nearest ancestor
-        already stored or in flight (empty if ``node`` itself is)."""
+        """Nodes to offload for ``node``: every node on its path that is neither stored nor
+        in flight, ancestors first (an ancestor the store lost is exported again even below
+        a descendant still marked stored: a child page is useless without its prefix)."""
         chain: list[TreeNode] = []
-        while node.parent is not None and not (node.external_cache_stored or node.offload_inflight):
-            chain.append(node)
+        while node.parent is not None:
+            if not (node.external_cache_stored or node.offload_inflight):
+                chain.append(node)
             node = node.parent
         chain.reverse()
         return chain

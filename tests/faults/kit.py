@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import serving
 import torch
 
 from radixlink.cache import UnifiedCache
 from radixlink.config import CacheConfig
-from radixlink.contract import InsertParams, PoolName
+from radixlink.contract import PoolName
 from radixlink.hashing import Namespace, namespace_id
 from radixlink.memory.layout import KVLayout
 from radixlink.stores.codec import PageCodec
@@ -65,10 +66,11 @@ def expected_kv(tokens: Any, start: int, salt: float, layer: int) -> tuple[torch
 
 def write_kv(cache: UnifiedCache, slots: torch.Tensor, tokens: Any, start: int,
              namespace: Any = None) -> None:
-    """What a model writes at ``slots`` for ``tokens`` at positions ``start..``."""
+    """What a model writes at ``slots`` for ``tokens`` at positions ``start..`` (its salt
+    comes from the namespace the request lives in: the cache's, layered with the request's)."""
     pool = cache.pool(PoolName.KV)
     assert pool is not None
-    salt = salt_of(cache.config.namespace if namespace is None else namespace)
+    salt = salt_of(cache.resolve_namespace(namespace))
     for layer in range(LAYOUT.num_layers):
         k, v = expected_kv(tokens, start, salt, layer)
         pool.k(layer)[slots] = k
@@ -80,7 +82,7 @@ def kv_matches(cache: UnifiedCache, slots: torch.Tensor, tokens: Any, start: int
     """Whether ``slots`` hold exactly what the model writes for ``tokens`` at ``start..``."""
     pool = cache.pool(PoolName.KV)
     assert pool is not None
-    salt = salt_of(cache.config.namespace if namespace is None else namespace)
+    salt = salt_of(cache.resolve_namespace(namespace))
     for layer in range(LAYOUT.num_layers):
         k, v = expected_kv(tokens, start, salt, layer)
         if not (torch.equal(pool.k(layer)[slots], k) and torch.equal(pool.v(layer)[slots], v)):
@@ -123,50 +125,32 @@ def assert_exact(cache: UnifiedCache, *, locks: int = 0) -> None:
 
 
 def serve(cache: UnifiedCache, tokens: list[int], namespace: Any = None) -> int:
-    """One request without a store load: match, compute the rest, insert, unlock. Returns the
-    device prefix it found."""
-    m = cache.match_prefix(tokens, namespace=namespace)
-    assert kv_matches(cache, m.device_indices, tokens[: m.prefix_len], 0, namespace)
-    handle = cache.lock(m.last_node)
-    new = cache.alloc(len(tokens) - m.prefix_len)
-    assert new is not None, "no room for the request"
-    kv = torch.cat([m.device_indices, new])
-    write_kv(cache, kv[m.prefix_len : len(tokens)], tokens[m.prefix_len :], m.prefix_len,
-             namespace)
-    n = len(tokens) // PS * PS
-    cache.insert(InsertParams(key=tokens, value=kv[:n], prev_prefix_len=m.prefix_len,
-                              namespace=namespace))
-    if kv.shape[0] > n:
-        cache.free(kv[n:])
-    cache.unlock(handle)
-    return m.prefix_len
+    """One request without a store load (the shared loop of tests/serving.py), checking that
+    the device prefix it reuses holds the model's K/V. Returns that device prefix."""
+    served = serving.serve(cache, tokens, compute=_model(namespace), namespace=namespace)
+    assert served.insert is not None, "no room for the request"
+    return served.device_len
 
 
 def request(cache: UnifiedCache, linker: Any, tokens: list[int], req_id: Any,
-            namespace: Any = None, timeout: float | None = None) -> dict[str, Any]:
+            namespace: Any = None) -> dict[str, Any]:
     """The engine's flow: match (+ LOOKUP), load when the store has more, check that what is
     served is exactly the model's K/V, compute the rest, insert, unlock. Never raises for a
     store fault; returns what happened."""
-    m = cache.match_prefix(tokens, req_id=req_id, namespace=namespace)
-    out = None
-    if m.external_hit_len and linker.load(req_id):
-        out = linker.wait_load(req_id, timeout=timeout)
-        prefix, slots, handle = out.prefix_len, out.device_indices, out.lock
-    else:
-        prefix, slots, handle = m.prefix_len, m.device_indices, cache.lock(m.last_node)
-    assert kv_matches(cache, slots, tokens[:prefix], 0, namespace), "served wrong K/V"
-    new = cache.alloc(len(tokens) - prefix)
-    assert new is not None, "no room for the request"
-    kv = torch.cat([slots, new])
-    write_kv(cache, kv[prefix : len(tokens)], tokens[prefix:], prefix, namespace)
-    n = len(tokens) // PS * PS
-    cache.insert(InsertParams(key=tokens, value=kv[:n], prev_prefix_len=prefix,
-                              namespace=namespace))
-    if kv.shape[0] > n:
-        cache.free(kv[n:])
-    cache.unlock(handle)
-    return {"device": m.prefix_len, "hit": m.external_hit_len, "prefix": prefix,
+    served = serving.serve(cache, tokens, linker=linker, req_id=req_id,
+                           compute=_model(namespace), namespace=namespace)
+    assert served.insert is not None, "no room for the request"
+    out = served.load
+    return {"device": served.device_len, "hit": served.hit_len, "prefix": served.prefix_len,
             "ok": None if out is None else out.ok, "reason": "" if out is None else out.reason}
+
+
+def _model(namespace: Any) -> serving.Compute:
+    """The "model" of a request in ``namespace``: it first checks the reused prefix."""
+    def compute(cache: Any, kv: torch.Tensor, tokens: list[int], start: int) -> None:
+        assert kv_matches(cache, kv[:start], tokens[:start], 0, namespace), "served wrong K/V"
+        write_kv(cache, kv[start:], tokens[start:], start, namespace)
+    return compute
 
 
 # ---------------------------------------------------------------- child processes

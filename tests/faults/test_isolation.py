@@ -72,9 +72,10 @@ def test_a_store_never_serves_another_namespaces_pages(store, link, field) -> No
 
 
 def test_per_request_namespace_isolates_through_the_store(store, link) -> None:
-    """Per-request namespaces (match_prefix / InsertParams namespace=): pages offloaded under
-    REQUEST_NS load only for requests that pass REQUEST_NS, on any cache."""
-    cache_a = make_cache()
+    """Per-request namespaces (match_prefix / InsertParams namespace=) layer on the cache's:
+    pages offloaded under REQUEST_NS by a BASE cache load only for requests that pass
+    REQUEST_NS on a BASE cache."""
+    cache_a = make_cache(namespace=BASE)
     offload(cache_a, link(cache_a, store), namespace=REQUEST_NS)
     cache_b = make_cache(namespace=BASE)
     linker_b = link(cache_b, store)
@@ -181,3 +182,29 @@ def test_oversized_payload_is_rejected_before_allocation(link) -> None:
     assert linker_b.flush(timeout=30)
     assert_exact(cache_b)
 
+
+def test_two_models_and_two_tenants_on_one_store_never_share_a_page(store, link) -> None:
+    """#14.2: request namespaces layer on the cache's (they used to replace it: model 2 found
+    model 1's pages when both passed Namespace(cache_salt="user-42")). Every (model, tenant)
+    pair writes the same tokens: four disjoint sets of keys; each reader finds exactly its own
+    pair's pages, byte-identical; a request naming another model is refused."""
+    models = [Namespace(model="model-1"), Namespace(model="model-2")]
+    tenants = [Namespace(cache_salt="user-42"), Namespace(cache_salt="user-43")]
+    written: list[set[str]] = []
+    for model in models:
+        for tenant in tenants:
+            before = {key for key, _ in store.scan()}
+            cache = make_cache(namespace=model)
+            offload(cache, link(cache, store), namespace=tenant)
+            written.append({key for key, _ in store.scan()} - before)
+    assert all(len(keys) == 10 for keys in written)
+    assert len(set().union(*written)) == 40  # no pair shares a page
+    for model in models:
+        for tenant in tenants:
+            reader = make_cache(namespace=model)
+            result = request(reader, link(reader, store), TOKENS, "r", namespace=tenant)
+            assert result["ok"] and result["prefix"] == 40  # kit checks the pair's own K/V
+            assert_exact(reader)
+    other = make_cache(namespace=models[0])
+    with pytest.raises(ValueError, match="cannot change its model"):
+        other.match_prefix(TOKENS, namespace=Namespace(model="model-2", cache_salt="user-42"))

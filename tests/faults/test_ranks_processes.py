@@ -7,12 +7,9 @@ and write their observations as JSON.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-from .kit import child_env, kill
+from gloo_ranks import python_command, run_gloo_ranks
 
 _RANK_SCRIPT = r"""
 import dataclasses, json, sys
@@ -25,7 +22,7 @@ from radixlink.linker.core import ExternalCacheLinker
 from radixlink.stores import open_store
 from radixlink.stores.faults import FaultyStore
 
-rank, rendezvous, root, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+rank, rendezvous, out, root = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 dist.init_process_group("gloo", init_method="file://" + rendezvous, rank=rank, world_size=2)
 group = TorchRankGroup()
 url = lambda name: "file://" + root + "/" + name + "?capacity=64MiB"
@@ -89,28 +86,7 @@ open(out, "w").write(json.dumps(res))
 def test_two_process_ranks_decide_failures_together(tmp_path: Path) -> None:
     """Rank 1 failing an offload leaves the node unmarked on both ranks; rank 1 failing a load
     aborts it on both with exact accounting; replicated pools are written once, by rank 0."""
-    env = child_env()
-    if Path("/sys/class/net/lo").exists():
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # NOTE: hostnames may not resolve here
-    outs = [tmp_path / f"rank{r}.json" for r in range(2)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _RANK_SCRIPT, str(r), str(tmp_path / "rendezvous"),
-             str(tmp_path), str(outs[r])],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        for r in range(2)
-    ]
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=120)[0])
-    finally:
-        for proc in procs:
-            kill(proc)
-    for proc, log in zip(procs, logs, strict=True):
-        assert proc.returncode == 0, f"rank exited {proc.returncode}:\n{log[-3000:]}"
-    ranks = [json.loads(out.read_text()) for out in outs]
+    ranks = run_gloo_ranks(python_command(_RANK_SCRIPT), tmp_path, str(tmp_path))
     for res in ranks:
         assert res["offload_marked"] is False and res["offload_exact"] is True
         assert res["a_marked"] is True

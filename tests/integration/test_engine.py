@@ -4,7 +4,6 @@ give the same logits and tokens as computing everything; failures only cost reco
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -34,12 +33,7 @@ WORKLOAD = WorkloadSpec(num_conversations=3, num_turns=3, context_tokens=160, ex
 PS = 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -183,8 +177,7 @@ def test_hybrid_model_runs_through_the_cache() -> None:
 
 def test_hybrid_device_prefix_logits_match_full_prefill() -> None:
     """Prefill over a cached hybrid prefix (full K/V, the SWA window, the Mamba state copy)
-    gives the full prefill's logits within 1e-5. TODO(#4): the same from the store once the
-    SWA/Mamba components take part in linker transfers."""
+    gives the full prefill's logits within 1e-5."""
     model = random_model(TINY_HYBRID, seed=0)
     spec, engine = model.spec, _engine(model)
     prompt = TOK.encode("Sliding windows and recurrent states, page by page. " * 4)[:200]
@@ -193,6 +186,8 @@ def test_hybrid_device_prefix_logits_match_full_prefill() -> None:
     m = cache.match_prefix(prompt)
     assert m.prefix_len == 128 and m.mamba_slot is not None
     handle = cache.lock(m.last_node)
+    state = cache.copy_state(m.last_node)
+    assert state is not None
     new = cache.alloc(len(prompt) - 128)
     assert new is not None
     kv = torch.cat([m.device_indices, new])[: len(prompt)]
@@ -201,7 +196,7 @@ def test_hybrid_device_prefix_logits_match_full_prefill() -> None:
     got = model(ForwardInput(token_ids=ids[128:], prefix_len=128, out_slots=kv[128:],
                              seq_slots=kv, swa_out_slots=swa[128:],
                              swa_seq_slots=swa[128 - spec.sliding_window + 1:],
-                             state_slot=m.mamba_slot), engine.pools)
+                             state_slot=state), engine.pools)
     fresh = torch.arange(1, len(prompt) + 1)
     whole = model(ForwardInput(token_ids=ids, prefix_len=0, out_slots=fresh, seq_slots=fresh,
                                swa_out_slots=fresh, swa_seq_slots=fresh, state_slot=1),
@@ -209,7 +204,7 @@ def test_hybrid_device_prefix_logits_match_full_prefill() -> None:
                                       num_swa_slots=len(prompt) + 1, num_states=1))
     assert (got - whole[128:]).abs().max().item() <= 1e-5
     cache.free(new)
-    cache.free_state(m.mamba_slot)
+    cache.free_state(state)
     cache.unlock(handle)
     _assert_clean(engine)
 

@@ -6,122 +6,22 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hybrid_kit import (
+    KINDS,
+    TOKENS,
+    assert_exact,
+    load,
+    make_cache,
+    matched,
+    offloaded,
+    serve,
+    window_and_state,
+)
 
-from radixlink.cache import UnifiedCache
-from radixlink.config import CacheConfig
-from radixlink.contract import InsertParams, PoolName, PoolTransfer
+from radixlink.contract import PoolName, PoolTransfer
 from radixlink.linker.core import ExternalCacheLinker
-from radixlink.memory.layout import KVLayout, StateLayout
 from radixlink.stores.faults import FaultyStore
 from radixlink.stores.memory import MemoryStore
-
-PS = 4
-WINDOW = 8  # 2 window pages
-LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, dtype=torch.float32, page_size=PS)
-STATE = StateLayout(shapes=((2, 3), (4,)), dtype=torch.float32)
-TOKENS = list(range(100, 140))  # 40 tokens = 10 pages; A caches 20 then 40 (two nodes)
-KINDS = ("swa", "mamba", "swa+mamba")
-
-
-def make_cache(kind: str, swa_tokens: int = 256, num_states: int = 16) -> UnifiedCache:
-    swa, mamba = "swa" in kind, "mamba" in kind
-    return UnifiedCache(CacheConfig(
-        page_size=PS, num_tokens=256, kv_layout=LAYOUT, sliding_window=WINDOW if swa else None,
-        swa_num_tokens=swa_tokens if swa else None, swa_layout=LAYOUT if swa else None,
-        mamba_num_states=num_states if mamba else None, state_layout=STATE if mamba else None,
-        enable_external_cache_linker=True,
-    ))
-
-
-def fill(cache: UnifiedCache, slots: torch.Tensor, tokens: list[int], start: int) -> None:
-    """Deterministic full K/V and SWA K/V per (token, position) for ``tokens[start:]``."""
-    data = torch.tensor(tokens[start:], dtype=torch.float32)[:, None, None]
-    pos = torch.arange(start, len(tokens), dtype=torch.float32)[:, None, None]
-    kv, swa = cache.pool(PoolName.KV), cache.pool(PoolName.SWA)
-    swa_slots = None if swa is None else cache.swa_slots(slots)
-    for layer in range(LAYOUT.num_layers):
-        kv.k(layer)[slots] = (data * 10 + pos + layer).expand(-1, 2, 8)
-        kv.v(layer)[slots] = (-data - pos - layer).expand(-1, 2, 8)
-        if swa is not None:
-            swa.k(layer)[swa_slots] = (data * 7 + pos * 3 + layer).expand(-1, 2, 8)
-            swa.v(layer)[swa_slots] = (data - pos * 5 - layer).expand(-1, 2, 8)
-
-
-def state_bytes(n: int) -> torch.Tensor:
-    """The recurrent state after ``n`` tokens (as bytes): distinct per boundary."""
-    return ((torch.arange(STATE.state_bytes) * 3 + n) % 251).to(torch.uint8)
-
-
-def serve(cache: UnifiedCache, tokens: list[int]) -> None:
-    """One request without a store load: match, compute the rest (K/V, SWA, state), insert."""
-    m = cache.match_prefix(tokens)
-    handle = cache.lock(m.last_node)
-    if m.mamba_slot is not None:
-        cache.free_state(m.mamba_slot)
-    new = cache.alloc(len(tokens) - m.prefix_len)
-    assert new is not None
-    kv = torch.cat([m.device_indices, new])
-    fill(cache, kv[m.prefix_len :], tokens, m.prefix_len)
-    state = None
-    if cache.pool(PoolName.MAMBA) is not None:
-        state = cache.alloc_state()
-        assert state is not None
-        cache.pool(PoolName.MAMBA).write_state(state, state_bytes(len(tokens)))
-    cache.insert(InsertParams(key=tokens, value=kv, prev_prefix_len=m.prefix_len,
-                              mamba_value=state))
-    cache.unlock(handle)
-
-
-def window_and_state(cache: UnifiedCache, tokens: list[int]) -> list[torch.Tensor]:
-    """Full K/V, SWA window K/V and Mamba state bytes of the device match of ``tokens``."""
-    m = cache.match_prefix(tokens)
-    out = [t[m.device_indices].clone() for layer in range(LAYOUT.num_layers)
-           for t in (cache.pool(PoolName.KV).k(layer), cache.pool(PoolName.KV).v(layer))]
-    if m.swa_indices is not None:
-        out.append(cache.pool(PoolName.SWA).read_pages(m.swa_indices).clone())
-    if m.mamba_slot is not None:
-        out.append(cache.pool(PoolName.MAMBA).read_state(m.mamba_slot).clone())
-        cache.free_state(m.mamba_slot)
-    return out
-
-
-def matched(cache: UnifiedCache, tokens: list[int]) -> int:
-    """The device match length of ``tokens`` (its copy-on-write state slot freed)."""
-    m = cache.match_prefix(tokens)
-    if m.mamba_slot is not None:
-        cache.free_state(m.mamba_slot)
-    return m.prefix_len
-
-
-def assert_exact(cache: UnifiedCache) -> None:
-    """Invariants hold and no pool has a slot held by anyone but the tree."""
-    cache.check_invariants()
-    stats = cache.stats()
-    assert stats["held_tokens"] == 0, stats
-    assert stats.get("swa_held_tokens", 0) == 0, stats
-    assert stats.get("mamba_held_states", 0) == 0, stats
-
-
-def offloaded(kind: str, store: MemoryStore) -> tuple[UnifiedCache, ExternalCacheLinker]:
-    """Cache A computes TOKENS[:20] then TOKENS (two nodes, states at 20 and 40), offloads."""
-    cache_a = make_cache(kind)
-    linker_a = ExternalCacheLinker(cache_a, store)
-    serve(cache_a, TOKENS[:20])
-    serve(cache_a, TOKENS)
-    assert linker_a.flush(timeout=10)
-    return cache_a, linker_a
-
-
-def load(cache: UnifiedCache, linker: ExternalCacheLinker, tokens: list[int], rid: str = "r"):
-    m = cache.match_prefix(tokens, req_id=rid)
-    if m.mamba_slot is not None:
-        cache.free_state(m.mamba_slot)
-    assert linker.load(rid)
-    out = linker.wait_load(rid, timeout=10)
-    if out.match is not None and out.match.mamba_slot is not None:
-        cache.free_state(out.match.mamba_slot)
-    cache.unlock(out.lock)
-    return m, out
 
 
 @pytest.fixture
@@ -158,8 +58,6 @@ def test_missing_window_or_state_restores_the_longest_legal_shorter_prefix(
     shorter legal prefix (20 tokens, the first node's end) is restored, byte-identical."""
     cache_a, linker_a = offloaded(kind, store)
     last = cache_a.match_prefix(TOKENS)
-    if last.mamba_slot is not None:
-        cache_a.free_state(last.mamba_slot)
     key = linker_a.store_keys(PoolTransfer(name=pool, keys=[last.last_node.hash_value[-1]]))
     assert store.delete(key) == 1
     cache_b = make_cache(kind)
@@ -239,8 +137,6 @@ def test_insert_during_load_frees_every_reserved_page_once(kind: str,
     serve(cache_b, TOKENS)
     out = linker_b.wait_load("r", timeout=10)
     assert out.ok and out.prefix_len == 40
-    if out.match is not None and out.match.mamba_slot is not None:
-        cache_b.free_state(out.match.mamba_slot)
     cache_b.unlock(out.lock)
     linker_b.flush()
     assert_exact(cache_b)

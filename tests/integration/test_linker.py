@@ -6,11 +6,12 @@ from __future__ import annotations
 import time
 
 import pytest
+import serving
 import torch
 
 from radixlink.cache import UnifiedCache
 from radixlink.config import CacheConfig
-from radixlink.contract import InsertParams, PoolName
+from radixlink.contract import PoolName
 from radixlink.linker.core import ExternalCacheLinker
 from radixlink.memory.layout import KVLayout
 from radixlink.stores.faults import FaultyStore
@@ -36,18 +37,9 @@ def fill_kv(cache: UnifiedCache, slots: torch.Tensor, tokens: list[int], start: 
 
 
 def serve(cache: UnifiedCache, tokens: list[int]) -> None:
-    """One request without a store load: match, compute the rest, insert, unlock."""
-    m = cache.match_prefix(tokens)
-    handle = cache.lock(m.last_node)
-    new = cache.alloc(len(tokens) - m.prefix_len)
-    assert new is not None
-    kv = torch.cat([m.device_indices, new])
-    fill_kv(cache, kv[m.prefix_len : len(tokens)], tokens, m.prefix_len)
-    n = len(tokens) // PS * PS
-    cache.insert(InsertParams(key=tokens, value=kv[:n], prev_prefix_len=m.prefix_len))
-    if kv.shape[0] > n:
-        cache.free(kv[n:])
-    cache.unlock(handle)
+    """One request without a store load (tests/serving.py), computing with ``fill_kv``."""
+    serving.serve(cache, tokens,
+                  compute=lambda c, kv, t, start: fill_kv(c, kv[start:], t, start))
 
 
 def kv_of(cache: UnifiedCache, slots: torch.Tensor) -> list[torch.Tensor]:

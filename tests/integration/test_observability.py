@@ -3,6 +3,7 @@ without the linker's own re-matches, and the KV event stream a router drains."""
 
 from __future__ import annotations
 
+import serving
 import torch
 
 from radixlink.cache import UnifiedCache
@@ -25,18 +26,8 @@ def make_cache(linker: bool = True, num_tokens: int = 64) -> UnifiedCache:
 
 def serve(cache: UnifiedCache, linker: ExternalCacheLinker | None, tokens: list[int],
           req: str) -> None:
-    """One request: match (and load), insert the whole prompt, release."""
-    m = cache.match_prefix(tokens, req_id=req)
-    prefix, slots = m.prefix_len, m.device_indices
-    if linker is not None and m.external_hit_len and linker.load(req):
-        out = linker.wait_load(req)
-        handle, prefix, slots = out.lock, out.prefix_len, out.device_indices
-    else:
-        handle = cache.lock(m.last_node)
-    new = cache.alloc(len(tokens) - prefix)
-    assert new is not None
-    cache.insert(InsertParams(key=tokens, value=torch.cat([slots, new]), prev_prefix_len=prefix))
-    cache.unlock(handle)
+    """One request (tests/serving.py): match (and load), insert, release, flush."""
+    assert serving.serve(cache, tokens, linker=linker, req_id=req).insert is not None
     if linker is not None:
         linker.flush()
 

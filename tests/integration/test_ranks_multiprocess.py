@@ -6,14 +6,12 @@ The test spawns this file as a script once per rank; each rank writes its answer
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from gloo_ranks import python_command, run_gloo_ranks
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 _WORLD_SIZE = 2
 
 
@@ -66,33 +64,8 @@ def _rank_main(rank: int, rendezvous: str, out_path: str) -> None:
 
 def test_two_gloo_ranks_agree(tmp_path: Path) -> None:
     """Local {2, 4} and {2} intersect to {2} (hit 2, not 4); AND and MIN agree on both ranks."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(_REPO_ROOT), *sys.path]))
-    if Path("/sys/class/net/lo").exists():
-        # NOTE: pins gloo to loopback; hosts whose hostname does not resolve fail otherwise.
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    rendezvous = tmp_path / "rendezvous"
-    outs = [tmp_path / f"rank{r}.json" for r in range(_WORLD_SIZE)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(r), str(rendezvous), str(outs[r])],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(_WORLD_SIZE)
-    ]
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=60)[0])
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    for proc, log in zip(procs, logs, strict=True):
-        assert proc.returncode == 0, f"rank exited {proc.returncode}:\n{log}"
-    answers = [json.loads(out.read_text()) for out in outs]
+    answers = run_gloo_ranks(python_command(path=Path(__file__)), tmp_path,
+                             world_size=_WORLD_SIZE, timeout_s=60)
     assert [a["local"] for a in answers] == [[2, 4], [2]]
     for rank, a in enumerate(answers):
         assert (a["rank"], a["world_size"], a["device"]) == (rank, 2, "cpu")

@@ -161,8 +161,6 @@ class HybridMachine(RuleBasedStateMachine):
         else:
             kv = torch.cat([m.device_indices, new])
             self.insert_and_check(key, kv, m.prefix_len, self.sev(sev), hole, forget, state)
-        if m.mamba_slot is not None:
-            self.cache.free_state(m.mamba_slot)
         self.locks.pop()
         self.cache.unlock(handle)
 
@@ -268,10 +266,8 @@ class HybridMachine(RuleBasedStateMachine):
         key, ps = self.key(pages, tail), self.ps
         best = max(p for p in range(0, len(key) // ps * ps + 1, ps) if self.matchable(key, p))
         m = self.cache.match_prefix(key)
-        if m.prefix_len != best:  # only when no state slot was free for the copy
-            assert m.prefix_len == 0 and self.mamba, f"matched {m.prefix_len}, model {best}"
-            event("match refused: no state slot for the copy")
-        self.sync_eviction()
+        assert m.prefix_len == best, f"matched {m.prefix_len}, model {best}"
+        assert self.tree_view() == (self.full, self.live, self.states), "match changed the tree"
         p = m.prefix_len
         expected = [s for e in range(self.ps, p + 1, self.ps) for s in self.full[tuple(key[:e])]]
         assert m.device_indices.tolist() == expected
@@ -284,22 +280,27 @@ class HybridMachine(RuleBasedStateMachine):
                 run += self.ps
             assert m.swa_live_len == run
         if self.mamba and p:
-            assert m.mamba_slot is not None
-            if self.states_pool is not None:
-                tree_slot = self.states[tuple(key[:p])]
-                copy = self.states_pool.tensors(0)[m.mamba_slot]
-                assert bool((copy == self.state_value[tree_slot]).all())
-                copy.fill_(-1.0)  # the request writes its copy; the tree's state is untouched
-                assert bool((self.states_pool.tensors(0)[tree_slot] != -1.0).all())
-            self.cache.free_state(m.mamba_slot)
+            tree_slot = self.states[tuple(key[:p])]
+            assert m.mamba_slot == tree_slot
+            handle = self.cache.lock(m.last_node)
+            mine = self.cache.copy_state(m.last_node)  # may evict another state
+            self.cache.unlock(handle)
+            self.sync_eviction()
+            if mine is None:
+                event("copy refused: every other state slot held or locked")
+            else:
+                if self.states_pool is not None:
+                    copy = self.states_pool.tensors(0)[mine]
+                    assert bool((copy == self.state_value[tree_slot]).all())
+                    copy.fill_(-1.0)  # the request writes its copy; the tree's is untouched
+                    assert bool((self.states_pool.tensors(0)[tree_slot] != -1.0).all())
+                self.cache.free_state(mine)
 
     @rule(pages=PAGES)
     def lock(self, pages: list[int]) -> None:
         m = self.cache.match_prefix(self.key(pages, 0))
         self.sync_eviction()
         self.locks.append(self.lock_record(self.cache.lock(m.last_node)))
-        if m.mamba_slot is not None:
-            self.cache.free_state(m.mamba_slot)
 
     @precondition(lambda self: self.locks)
     @rule(data=st.data())

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import serving
 import torch
 
 from radixlink.cache import UnifiedCache
@@ -17,6 +18,7 @@ from radixlink.memory.pools import KVPool
 from radixlink.nocache import NoPrefixCache
 
 FULL = ComponentType.FULL
+LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=4, dtype=torch.float32, page_size=4)
 
 
 def make(page_size: int = 4, num_tokens: int = 64, **kw: Any) -> UnifiedCache:
@@ -24,20 +26,9 @@ def make(page_size: int = 4, num_tokens: int = 64, **kw: Any) -> UnifiedCache:
 
 
 def serve(cache: UnifiedCache, seq: list[int], **kw: Any) -> InsertResult:
-    """One request by the documented protocol: match, lock, alloc, insert, free tail, unlock."""
-    m = cache.match_prefix(seq)
-    handle = cache.lock(m.last_node)
-    new = cache.alloc(len(seq) - m.prefix_len)
-    assert new is not None
-    kv = torch.cat([m.device_indices, new])
-    aligned = len(seq) // cache.page_size * cache.page_size
-    result = cache.insert(
-        InsertParams(key=seq, value=kv[:aligned], prev_prefix_len=m.prefix_len, **kw)
-    )
-    if len(kv) > aligned:
-        cache.free(kv[aligned:])
-    cache.unlock(handle)
-    cache.check_invariants()
+    """One request by the documented protocol (tests/serving.py), then the invariants."""
+    result = serving.serve(cache, seq, check=True, **kw).insert
+    assert result is not None
     return result
 
 
@@ -205,7 +196,8 @@ def _misuse_cases(cache: UnifiedCache) -> list[tuple[str, Any]]:
             "holds only",
             lambda: cache.insert(InsertParams(key=[7] * 8, value=held, prev_prefix_len=4)),
         ),
-        ("already owns", lambda: cache.insert(InsertParams(key=seq, value=m.device_indices))),
+        ("belongs to the tree",
+         lambda: cache.insert(InsertParams(key=seq, value=m.device_indices))),
         ("tree owns", lambda: cache.free(m.device_indices[:4])),
         ("already released", lambda: cache.unlock(stale)),
         ("not a lock handle", lambda: cache.unlock(other.lock(other.match_prefix([]).last_node))),
@@ -267,11 +259,17 @@ def test_pool_and_layout() -> None:
         cache.pool("nope")
 
 
-def test_attach_linker_needs_hashing() -> None:
-    """attach_linker refuses a cache built without enable_external_cache_linker."""
+def test_attach_linker_needs_hashing_and_layouts() -> None:
+    """attach_linker refuses a cache built without enable_external_cache_linker, and one whose
+    pool has no tensors (no layout: nothing a linker could move), naming the setting."""
     with pytest.raises(ValueError, match="enable_external_cache_linker"):
         make().attach_linker(object())
-    cache = make(enable_external_cache_linker=True)
+    with pytest.raises(ValueError, match="kv_layout"):
+        make(enable_external_cache_linker=True).attach_linker(object())
+    with pytest.raises(ValueError, match="state_layout"):
+        make(enable_external_cache_linker=True, kv_layout=LAYOUT,
+             mamba_num_states=4).attach_linker(object())
+    cache = make(enable_external_cache_linker=True, kv_layout=LAYOUT)
     linker = object()
     cache.attach_linker(linker)
     assert cache.linker is linker

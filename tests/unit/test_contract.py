@@ -55,10 +55,14 @@ def test_transfer_result_best_is_the_largest_length() -> None:
         ([(0, 16), (32, 48)], [(0, 16), (32, 48)]),  # a gap keeps them apart
         ([(16, 32), (0, 16)], [(0, 32)]),  # touching from below merges too
         ([(0, 16), (16, 16)], [(0, 16)]),  # empty ranges are ignored
+        # out of order (#13.9: this reported 28 adopted tokens for 20)
+        ([(8, 16), (0, 4), (4, 8), (20, 24), (12, 22)], [(0, 24)]),
+        ([(24, 28), (0, 4), (8, 12), (2, 10)], [(0, 12), (24, 28)]),
     ],
 )
 def test_record_adopted_range_merges_touching_ranges(ranges, expected) -> None:
-    """record_adopted_range appends and merges with the previous range when they touch."""
+    """record_adopted_range keeps ranges sorted and disjoint, merging any it touches or
+    overlaps, whatever the order they come in; adopted_tokens counts each token once."""
     result = InsertResult(prefix_len=0)
     for start, end in ranges:
         result.record_adopted_range(ComponentType.FULL, start, end)

@@ -42,8 +42,6 @@ def insert(cache: UnifiedCache, seq: list[int], value: float | None, prev: int =
         assert slot is not None
         for i in range(states(cache).num_tensors):
             states(cache).tensors(i)[slot] = value
-    if m is not None and m.mamba_slot is not None:
-        cache.free_state(m.mamba_slot)
     result = cache.insert(InsertParams(key=seq, value=kv, prev_prefix_len=prev, mamba_value=slot,
                                        track_adopted_ranges=True))
     cache.check_invariants()
@@ -53,27 +51,33 @@ def insert(cache: UnifiedCache, seq: list[int], value: float | None, prev: int =
 def test_copy_on_write_leaves_the_trees_state_untouched() -> None:
     """Scenario:
     1. insert A (16 tokens) with a state of 1.0: the tree adopts it (MAMBA range [12, 16));
-    2. match A: mamba_slot is a fresh slot (not the tree's) holding 1.0 in every tensor;
-    3. the request writes 7.0 into its copy (as decoding would);
-    4. match A again: a new copy holds 1.0 — the tree's state was never written."""
+    2. match A: mamba_slot is the tree's slot and nothing is allocated (match is read-only);
+    3. lock and copy_state: a fresh request-held slot holding 1.0 in every tensor;
+    4. the request writes 7.0 into its copy (as decoding would);
+    5. a second copy holds 1.0 again: the tree's state was never written."""
     cache = make()
     result = insert(cache, list(range(16)), 1.0)
     assert result.adopted_ranges == {FULL: [(0, 16)], MAMBA: [(12, 16)]}
     tree_slot = result.last_node.values[1]
     m = cache.match_prefix(list(range(16)) + [99])
-    assert m.prefix_len == 16 and m.mamba_slot not in (None, tree_slot)
+    assert m.prefix_len == 16 and m.mamba_slot == tree_slot
+    assert cache.stats()["mamba_held_states"] == 0
+    handle = cache.lock(m.last_node)
+    mine = cache.copy_state(m.last_node)
+    assert mine not in (None, tree_slot)
     pool = states(cache)
     for i in range(pool.num_tensors):
-        assert bool((pool.tensors(i)[m.mamba_slot] == 1.0).all())
-        pool.tensors(i)[m.mamba_slot] = 7.0
-    again = cache.match_prefix(list(range(16)))
-    assert again.mamba_slot not in (None, m.mamba_slot, tree_slot)
+        assert bool((pool.tensors(i)[mine] == 1.0).all())
+        pool.tensors(i)[mine] = 7.0
+    again = cache.copy_state(cache.match_prefix(list(range(16))).last_node)
+    assert again not in (None, mine, tree_slot)
     for i in range(pool.num_tensors):
-        assert bool((pool.tensors(i)[again.mamba_slot] == 1.0).all())
+        assert bool((pool.tensors(i)[again] == 1.0).all())
         assert bool((pool.tensors(i)[tree_slot] == 1.0).all())
     assert cache.stats()["mamba_held_states"] == 2
-    cache.free_state(m.mamba_slot)
-    cache.free_state(again.mamba_slot)
+    cache.free_state(mine)
+    cache.free_state(again)
+    cache.unlock(handle)
     cache.check_invariants()
 
 
@@ -90,9 +94,8 @@ def test_only_node_ends_with_a_state_match_and_a_split_gives_none() -> None:
     assert cache.match_prefix(a[:8] + [5] * 4).prefix_len == 0
     for seq in (a, b):
         m = cache.match_prefix(seq)
-        assert m.prefix_len == 16
-        cache.free_state(m.mamba_slot)
-    assert cache.match_prefix(a[:12]).mamba_slot is None  # empty match: nothing to copy
+        assert m.prefix_len == 16 and m.mamba_slot == m.last_node.values[1]
+    assert cache.match_prefix(a[:12]).mamba_slot is None  # empty match: no state
 
 
 def test_a_duplicate_state_is_freed() -> None:
@@ -120,18 +123,15 @@ def test_eviction_goes_leaf_first_and_drops_internal_states() -> None:
     insert(cache, a, 1.0)
     insert(cache, a + b, 2.0, prev=8)
     insert(cache, a + b + c, 3.0, prev=16)
-    cache.free_state(cache.match_prefix(a + b + c).mamba_slot)
     first = cache.evict(EvictParams(mamba_num=1))
     assert first.mamba_num_evicted == 1 and first.num_tokens_evicted == 8
     m = cache.match_prefix(a + b)
     handle = cache.lock(m.last_node)
-    cache.free_state(m.mamba_slot)
     second = cache.evict(EvictParams(mamba_num=1))
     assert second.mamba_num_evicted == 1 and second.num_tokens_evicted == 0
     assert cache.match_prefix(a + [9] * 4).prefix_len == 0
     m = cache.match_prefix(a + b)
     assert m.prefix_len == 16
-    cache.free_state(m.mamba_slot)
     cache.unlock(handle)
     third = cache.evict(EvictParams(mamba_num=1))
     assert third.num_tokens_evicted == 16 and cache.stats()["num_nodes"] == 0
@@ -139,21 +139,52 @@ def test_eviction_goes_leaf_first_and_drops_internal_states() -> None:
 
 
 def test_state_slots_are_evicted_for_requests_and_locks_protect_them() -> None:
-    """With 2 state slots both cached, alloc_state evicts an unlocked one; when the only other
-    cached state is locked and one slot is held, alloc_state returns None and a match that
-    needs a copy degrades to an empty match."""
+    """With 2 state slots both cached, a copy evicts the other (unlocked) state; when the only
+    other cached state is locked and one slot is held, alloc_state and copy_state return None,
+    and match never evicts or allocates at all."""
     cache = make(num_states=2)
     insert(cache, list(range(8)), 1.0)
     insert(cache, list(range(50, 58)), 2.0)
-    m = cache.match_prefix(list(range(8)))  # needs a slot: evicts the other state
-    assert m.prefix_len == 8 and cache.stats()["mamba_cached_states"] == 1
+    m = cache.match_prefix(list(range(8)))
+    assert m.prefix_len == 8 and cache.stats()["mamba_cached_states"] == 2  # read-only
     handle = cache.lock(m.last_node)
-    assert cache.alloc_state() is None
-    refused = cache.match_prefix(list(range(8)))
-    assert refused.prefix_len == 0 and refused.mamba_slot is None
-    cache.free_state(m.mamba_slot)
+    mine = cache.copy_state(m.last_node)  # needs a slot: evicts the other state
+    assert mine is not None and cache.stats()["mamba_cached_states"] == 1
+    assert cache.alloc_state() is None and cache.copy_state(m.last_node) is None
+    again = cache.match_prefix(list(range(8)))
+    assert again.prefix_len == 8 and again.mamba_slot == m.mamba_slot
+    cache.free_state(mine)
     cache.unlock(handle)
     cache.check_invariants()
+
+
+def test_match_never_evicts_another_prompt_on_a_full_state_pool() -> None:
+    """Regression (#13, item 2): with every state slot cached, a plain match of prompt A used
+    to copy A's state and evict B's leaf (full KV included) to make room; now the match
+    changes nothing but recency: B still matches and no eviction is counted."""
+    cache = make(num_states=2)
+    a, b = list(range(8)), list(range(50, 58))
+    insert(cache, a, 1.0)
+    insert(cache, b, 2.0)
+    before = cache.stats()
+    assert cache.match_prefix(a).prefix_len == 8
+    after = cache.stats()
+    assert cache.match_prefix(b).prefix_len == 8
+    for key in ("num_nodes", "cached_tokens", "mamba_cached_states", "mamba_held_states",
+                "evicted_tokens", "mamba_evicted_states", "free_tokens"):
+        assert after[key] == before[key], key
+    cache.check_invariants()
+
+
+def test_evicted_counters_count_cascades_of_every_component() -> None:
+    """Regression (#13, item 2): a MAMBA eviction that removes a leaf frees its full tokens
+    too; ``evicted_tokens`` counts them (it used to count FULL's own evictions only)."""
+    cache = make(num_states=2)
+    insert(cache, list(range(8)), 1.0)
+    freed = cache.evict(EvictParams(mamba_num=1))
+    assert freed.mamba_num_evicted == 1 and freed.num_tokens_evicted == 8
+    stats = cache.stats()
+    assert stats["evicted_tokens"] == 8 and stats["mamba_evicted_states"] == 1
 
 
 def test_mamba_misuse_raises() -> None:
@@ -194,8 +225,7 @@ def test_full_swa_mamba_together() -> None:
                                        mamba_value=state, track_adopted_ranges=True))
     assert result.adopted_ranges == {FULL: [(0, 16)], SWA: [(12, 16)], MAMBA: [(12, 16)]}
     m = cache.match_prefix(list(range(16)))
-    assert m.prefix_len == 16 and m.swa_live_len == 4 and m.mamba_slot is not None
-    cache.free_state(m.mamba_slot)
+    assert m.prefix_len == 16 and m.swa_live_len == 4 and m.mamba_slot == state
     cache.check_invariants()
     assert [c.component_type for c in cache.components] == [FULL, SWA, MAMBA]
 

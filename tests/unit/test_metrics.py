@@ -6,11 +6,11 @@ from __future__ import annotations
 import re
 
 import pytest
+import serving
 import torch
 
 from radixlink.cache import UnifiedCache
 from radixlink.config import CacheConfig
-from radixlink.contract import InsertParams
 from radixlink.linker.core import ExternalCacheLinker
 from radixlink.memory.layout import KVLayout
 from radixlink.metrics import (
@@ -58,18 +58,7 @@ def served_cache_and_linker() -> tuple[UnifiedCache, ExternalCacheLinker, Memory
     linkers = [ExternalCacheLinker(c, store) for c in caches]
     tokens = list(range(10, 30))
     for cache, linker, req in zip(caches, linkers, ("a", "b")):
-        m = cache.match_prefix(tokens, req_id=req)
-        prefix, slots = m.prefix_len, m.device_indices
-        if m.external_hit_len and linker.load(req):
-            out = linker.wait_load(req)
-            handle, prefix, slots = out.lock, out.prefix_len, out.device_indices
-        else:
-            handle = cache.lock(m.last_node)
-        new = cache.alloc(len(tokens) - prefix)
-        kv = torch.cat([slots, new])
-        cache.insert(InsertParams(key=tokens, value=kv[:20], prev_prefix_len=prefix))
-        cache.free(kv[20:])
-        cache.unlock(handle)
+        serving.serve(cache, tokens, linker=linker, req_id=req)
         linker.flush()
     cache_b, linker_b = caches[1], linkers[1]
     linkers[0].close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -56,13 +55,7 @@ class Seq:
             state_slot=state_slot, last_only=last_only), self.cache)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Tiny ops gain nothing from threads and stall badly when other processes share the cores."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 _HYBRID = random_model(TINY_HYBRID, seed=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import serving
 import torch
 
 from radixlink.cache import UnifiedCache
@@ -12,9 +13,11 @@ from radixlink.components.full import FullComponent
 from radixlink.config import CacheConfig
 from radixlink.contract import ComponentType, InsertParams, InsertResult
 from radixlink.hashing import Namespace, page_hashes
+from radixlink.memory.layout import KVLayout
 from radixlink.tree.node import Effects, TreeNode
 
 FULL = ComponentType.FULL
+LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=4, dtype=torch.float32, page_size=4)
 
 
 def make(page_size: int = 4, num_tokens: int = 64, **kw: Any) -> UnifiedCache:
@@ -22,20 +25,8 @@ def make(page_size: int = 4, num_tokens: int = 64, **kw: Any) -> UnifiedCache:
 
 
 def serve(cache: UnifiedCache, seq: list[int], check: bool = True, **kw: Any) -> InsertResult:
-    m = cache.match_prefix(seq)
-    handle = cache.lock(m.last_node)
-    new = cache.alloc(len(seq) - m.prefix_len)
-    assert new is not None
-    kv = torch.cat([m.device_indices, new])
-    aligned = len(seq) // cache.page_size * cache.page_size
-    result = cache.insert(
-        InsertParams(key=seq, value=kv[:aligned], prev_prefix_len=m.prefix_len, **kw)
-    )
-    if len(kv) > aligned:
-        cache.free(kv[aligned:])
-    cache.unlock(handle)
-    if check:
-        cache.check_invariants()
+    result = serving.serve(cache, seq, check=check, **kw).insert
+    assert result is not None
     return result
 
 
@@ -116,12 +107,15 @@ class RecordingLinker:
     def before_evict(self, node: Any) -> None:
         self.calls.append(("before_evict", node.values[0].tolist()))
 
+    def on_split(self, parent: Any, child: Any) -> None:
+        self.calls.append(("on_split", (parent.seq_len, child.seq_len)))
+
 
 def test_linker_hooks_are_called_while_attached() -> None:
     """Scenario: attach a linker; match with a req_id -> lookup (its external_hit_len kept);
     match without one -> no lookup; insert -> on_insert; evict -> before_evict sees the
     node's slots still there; after detach nothing is called."""
-    cache = make(enable_external_cache_linker=True)
+    cache = make(enable_external_cache_linker=True, kv_layout=LAYOUT)
     linker = RecordingLinker()
     cache.attach_linker(linker)
     seq = list(range(10))

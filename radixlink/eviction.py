@@ -1,0 +1,70 @@
+"""``EvictionPath``: the one way cached data leaves the device — the tree decides (``Effects``),
+then every component applies the slot decisions, dependents first — and what left, per pool.
+
+Owns eviction targets and counters. Used by the ``UnifiedCache`` facade and, through
+``TreeComponent.make_room``, by components that must make room (a linker LOAD reserving slots).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from radixlink.components.base import TreeComponent
+from radixlink.contract import ComponentType
+from radixlink.tree.node import Effects
+from radixlink.tree.tree import RadixTree
+
+
+class EvictionPath:
+    """Evict, then apply, in one place.
+
+    Args:
+        tree: the tree that picks victims.
+        components: its components, backbone first (they apply in reverse order, the order in
+            which the tree releases a node's data).
+    """
+
+    def __init__(self, tree: RadixTree, components: Sequence[TreeComponent]):
+        self.tree = tree
+        self._components = tuple(components)
+        self._apply_order = self._components[::-1]
+        self._by_type = {c.component_type: c.index for c in self._components}
+        self.num_evicted = [0] * len(self._components)  # units freed per component
+        for component in self._components:
+            component.bind_room(self.make_room)
+
+    def targets(self, **units: int) -> list[int]:
+        """Per component index, the units to free: ``targets(full=..., swa=..., mamba=...)``.
+
+        Raises:
+            ValueError: a positive target for a component this cache does not have.
+        """
+        out = [0] * len(self._components)
+        for name, num in units.items():
+            index = self._by_type.get(ComponentType(name))
+            if index is not None:
+                out[index] = num
+            elif num > 0:
+                kind = name.upper()
+                raise ValueError(f"an eviction target for {kind} but this cache has no {kind}")
+        return out
+
+    def evict(self, targets: Sequence[int]) -> Effects:
+        """Free at least ``targets[i]`` units of component ``i`` (as far as unlocked data
+        allows), apply the slot decisions, and count what was freed (cascades included)."""
+        effects = self.tree.evict(targets)
+        self.apply(effects)
+        for i, num in enumerate(effects.num_freed):
+            self.num_evicted[i] += num
+        return effects
+
+    def make_room(self, index: int, units: int) -> None:
+        """``TreeComponent.make_room``: free ``units`` of component ``index``."""
+        targets = [0] * len(self._components)
+        targets[index] = units
+        self.evict(targets)
+
+    def apply(self, effects: Effects) -> None:
+        """Carry out a tree call's slot decisions (an insert's or an eviction's)."""
+        for component in self._apply_order:
+            component.apply(effects)

@@ -1,0 +1,135 @@
+"""Insert validates its value at the facade (issue #14, item 3): slots the caller does not hold
+are refused with a ValueError naming the first bad slot and the rule, before anything changes;
+the tree never adopts a page someone else will be handed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from radixlink.cache import UnifiedCache
+from radixlink.config import CacheConfig
+from radixlink.contract import InsertParams
+from radixlink.memory.layout import KVLayout
+
+PS = 4
+LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=4, dtype=torch.float32, page_size=PS)
+
+
+def make(**kw: Any) -> UnifiedCache:
+    return UnifiedCache(CacheConfig(page_size=PS, num_tokens=64, **kw))
+
+
+def snapshot(cache: UnifiedCache) -> dict[str, Any]:
+    stats = cache.stats()
+    return {k: v for k, v in stats.items() if k not in ("match_calls", "match_tokens")}
+
+
+def _cases(cache: UnifiedCache) -> dict[str, tuple[torch.Tensor, str]]:
+    held = cache.alloc(8)
+    assert held is not None
+    free = torch.arange(56, 64)  # pages 14, 15: never handed out
+    return {
+        "free pages": (free, "is free"),
+        "the padding page": (torch.cat([torch.arange(0, 4), held[:4]]), "outside the pool"),
+        "negative slots": (torch.arange(-8, 0), "outside the pool"),
+        "out of range": (torch.arange(64, 72), "outside the pool"),
+        "a page twice": (torch.cat([held[:4], held[:4]]), "appears twice"),
+        "a permuted page": (torch.cat([held[:4].flip(0), held[4:]]), "page-aligned run"),
+        "a shifted run": (held + 1, "page-aligned run"),
+    }
+
+
+@pytest.mark.parametrize("case", ["free pages", "the padding page", "negative slots",
+                                  "out of range", "a page twice", "a permuted page",
+                                  "a shifted run"])
+def test_insert_refuses_slots_the_caller_does_not_hold(case: str) -> None:
+    """Each kind of bad slot is a ValueError naming the rule; stats, invariants and the free
+    list are unchanged (the old insert adopted them, or raised IndexError from deep inside)."""
+    cache = make()
+    value, rule = _cases(cache)[case]
+    before = snapshot(cache)
+    with pytest.raises(ValueError, match=rule):
+        cache.insert(InsertParams(key=list(range(8)), value=value))
+    assert snapshot(cache) == before
+    cache.check_invariants()
+
+
+def test_adopting_free_pages_can_no_longer_corrupt_another_request() -> None:
+    """Scenario of the report: free pages inserted as a prefix were later handed to another
+    request by alloc, which overwrote the cached prefix's K/V. Now the insert is refused and
+    nothing is cached."""
+    cache = make()
+    with pytest.raises(ValueError, match="is free"):
+        cache.insert(InsertParams(key=list(range(8)), value=torch.arange(8, 16)))
+    assert cache.match_prefix(list(range(8))).prefix_len == 0
+    cache.check_invariants()
+
+
+def test_prefix_slots_must_be_the_trees_own() -> None:
+    """value[:prev_prefix_len] must be exactly the tree's slots for those tokens."""
+    cache = make()
+    seq = list(range(16))
+    kv = cache.alloc(16)
+    cache.insert(InsertParams(key=seq, value=kv))
+    m = cache.match_prefix(seq + [99] * 8)
+    handle = cache.lock(m.last_node)
+    new = cache.alloc(8)
+    wrong = torch.cat([m.device_indices.flip(0), new])
+    before = snapshot(cache)
+    with pytest.raises(ValueError, match="differs from the tree's slots"):
+        cache.insert(InsertParams(key=seq + [99] * 8, value=wrong, prev_prefix_len=16))
+    assert snapshot(cache) == before
+    cache.insert(InsertParams(key=seq + [99] * 8, value=torch.cat([m.device_indices, new]),
+                              prev_prefix_len=16))
+    cache.unlock(handle)
+    cache.check_invariants()
+
+
+def test_permuted_slots_with_a_linker_are_refused_before_anything_changes() -> None:
+    """With a linker attached, permuted slots used to be adopted and then a ValueError escaped
+    insert, leaving a prefix every later insert choked on; now the first insert is refused and
+    a correct one extends the prefix."""
+    from radixlink.linker.core import ExternalCacheLinker
+    from radixlink.stores.memory import MemoryStore
+
+    cache = make(kv_layout=LAYOUT, enable_external_cache_linker=True)
+    linker = ExternalCacheLinker(cache, MemoryStore())
+    kv = cache.alloc(8)
+    with pytest.raises(ValueError, match="page-aligned run"):
+        cache.insert(InsertParams(key=list(range(8)), value=kv.flip(0)))
+    cache.insert(InsertParams(key=list(range(8)), value=kv))
+    more = cache.alloc(8)
+    m = cache.match_prefix(list(range(16)))
+    cache.insert(InsertParams(key=list(range(16)), value=torch.cat([m.device_indices, more]),
+                              prev_prefix_len=m.prefix_len))
+    assert cache.match_prefix(list(range(16))).prefix_len == 16
+    linker.close()
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize("device", ["cpu", "cpu:0"])
+def test_cpu_device_spellings_are_one_device(device: str) -> None:
+    """#14.8: CacheConfig(device="cpu:0") used to make free/insert reject the cache's own slots
+    ("slots is on cpu, the cache is on cpu:0"); devices are normalised once."""
+    cache = make(device=device)
+    kv = cache.alloc(12)
+    cache.insert(InsertParams(key=list(range(8)), value=kv[:8]))
+    cache.free(kv[8:])
+    assert cache.device == torch.device("cpu")
+    cache.check_invariants()
+
+
+@pytest.mark.gpu
+def test_cuda_device_spellings_are_one_device() -> None:
+    """#14.8 on a GPU: device="cuda" and tensors on cuda:<current> compare equal."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    cache = make(device="cuda")
+    kv = cache.alloc(12)
+    cache.insert(InsertParams(key=list(range(8)), value=kv[:8]))
+    cache.free(kv[8:])
+    assert cache.device == torch.device("cuda", torch.cuda.current_device())
+    cache.check_invariants()
