@@ -1,5 +1,7 @@
 """``radixlink bench store --store URL``: store put/get GB/s through the page codec, beside the
-raw figure for the same bytes on the same backend, measured in one run.
+raw figure for the same bytes on the same backend, measured in one run; and the codec alone
+with checksum only, with the key digest (the v2 format) and sealed with HMAC-SHA256, side by
+side in the same rounds.
 
 Raw baselines: memory -> memcpy of the bytes; file -> plain write/read of one file per page;
 redis / redis+cluster -> redis-py pipelined SET/GET of the raw bytes; other stores -> memcpy.
@@ -9,8 +11,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
+import struct
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +29,7 @@ from radixlink.bench.common import (
 )
 from radixlink.contract import PoolName
 from radixlink.stores import PageCodec, Store, open_store, page_key, parse_size
+from radixlink.stores.codec import CHECKSUM_CRC32, CHECKSUM_XXH3
 from radixlink.stores.directory import DirectoryStore
 from radixlink.stores.memory import MemoryStore
 
@@ -82,14 +88,71 @@ def _store_ops(store: Store, codec: PageCodec, rounds: Rounds, batch: int) -> tu
     def put() -> None:
         items = list(zip(rounds.next_put(), rounds.pages, strict=True))
         for b in _batches(items, batch):
-            store.put({k: codec.encode(page) for k, page in b})
+            store.put({k: codec.encode(page, k) for k, page in b})
 
     def get() -> None:
         for keys in _batches(rounds.last_put(), batch):
-            views = [codec.decode(blob) for blob in store.get(keys)]
+            views = [codec.decode(blob, k) for blob, k in zip(store.get(keys), keys, strict=True)]
             assert all(view is not None for view in views), "page missing: raise the capacity"
 
     return put, get
+
+
+class ChecksumOnly:
+    """The cost of a page format that checks layout, length and checksum but not the key
+    (format v1): one header pack, one checksum pass and one join, as the codec did before key
+    digests. A baseline for this benchmark only; the library has no such mode."""
+
+    _HEADER = struct.Struct("<4sBBH16sQQ")
+
+    def __init__(self, codec: PageCodec):
+        self._fn: Callable[[Any], int] = zlib.crc32
+        self._kind = CHECKSUM_CRC32
+        if codec.checksum == "xxh3":
+            import xxhash  # the codec chose xxh3, so it is installed
+
+            self._fn, self._kind = xxhash.xxh3_64_intdigest, CHECKSUM_XXH3
+        self._fp = bytes(16)
+
+    def encode(self, page: memoryview) -> bytes:
+        header = self._HEADER.pack(b"RXLP", 1, self._kind, 0, self._fp, page.nbytes,
+                                   self._fn(page))
+        return b"".join((header, page))
+
+    def decode(self, blob: bytes) -> memoryview | None:
+        view = memoryview(blob)
+        magic, version, _, _, fp, length, digest = self._HEADER.unpack_from(view)
+        if magic != b"RXLP" or version != 1 or fp != self._fp:
+            return None
+        body = view[self._HEADER.size :]
+        return body if body.nbytes == length and self._fn(body) == digest else None
+
+
+def _codec_cases(pages: list[memoryview], keys: list[str], page_bytes: int,
+                 seed: int) -> tuple[dict[str, Op], dict[str, str]]:
+    """Encode and decode of every page with the three page formats; and what each is."""
+    secret = random.Random(seed).randbytes(32)
+    plain = PageCodec(f"bench-{page_bytes}", page_bytes)
+    sealed = PageCodec(f"bench-{page_bytes}", page_bytes, secret=secret)
+    v1 = ChecksumOnly(plain)
+    v1_blobs = [v1.encode(page) for page in pages]
+    plain_blobs = [plain.encode(page, k) for page, k in zip(pages, keys, strict=True)]
+    sealed_blobs = [sealed.encode(page, k) for page, k in zip(pages, keys, strict=True)]
+    assert all(sealed.decode(b, k) is not None for b, k in zip(sealed_blobs, keys, strict=True))
+    cases: dict[str, Op] = {
+        "checksum encode": lambda: [v1.encode(page) for page in pages],
+        "key digest encode": lambda: [plain.encode(p, k) for p, k in zip(pages, keys)],
+        "HMAC encode": lambda: [sealed.encode(p, k) for p, k in zip(pages, keys)],
+        "checksum decode": lambda: [v1.decode(blob) for blob in v1_blobs],
+        "key digest decode": lambda: [plain.decode(b, k) for b, k in zip(plain_blobs, keys)],
+        "HMAC decode": lambda: [sealed.decode(b, k) for b, k in zip(sealed_blobs, keys)],
+    }
+    what = {
+        "checksum": f"layout + length + {plain.checksum} (v1 equivalent, no key binding)",
+        "key digest": f"v2: + blake2b-128 of the store key ({plain.checksum})",
+        "HMAC": "v2 sealed: + HMAC-SHA256 over header and payload (per-namespace key)",
+    }
+    return cases, what
 
 
 def _memcpy_ops(rounds: Rounds) -> tuple[Op, Op, Op, str]:
@@ -168,7 +231,9 @@ def _raw_ops(store: Store, rounds: Rounds, batch: int) -> tuple[Op, Op, Op, str]
     return put, get, cleanup, f"memcpy (no native raw baseline for {type(store).__name__})"
 
 
-def _bench_page_size(store: Store, args: argparse.Namespace, page_bytes: int) -> list[dict]:
+def _bench_page_size(
+    store: Store, args: argparse.Namespace, page_bytes: int
+) -> tuple[list[dict], list[dict]]:
     num_pages = max(1, args.total // page_bytes)
     gen = torch.Generator().manual_seed(args.seed)
     data = torch.randint(0, 256, (num_pages, page_bytes), dtype=torch.uint8, generator=gen)
@@ -176,66 +241,92 @@ def _bench_page_size(store: Store, args: argparse.Namespace, page_bytes: int) ->
     num_rounds = args.repeat + 1  # one warm-up round
     store_rounds = Rounds(pages, num_rounds, page_bytes, prefix="")
     raw_rounds = Rounds(pages, num_rounds, page_bytes, prefix="rawbench:")
-    codec = PageCodec(f"bench-{page_bytes}", page_bytes)
+    codec = PageCodec(f"bench-{page_bytes}", page_bytes, secret=store.page_secret)
     store_put, store_get = _store_ops(store, codec, store_rounds, args.batch)
     raw_put, raw_get, raw_cleanup, raw_name = _raw_ops(store, raw_rounds, args.batch)
-    blobs = [codec.encode(page) for page in pages]
+    codec_cases, what = _codec_cases(pages, store_rounds.keys[0], page_bytes, args.seed)
     try:
         times = _best_alternating(
-            {
-                "store put": store_put,
-                "raw put": raw_put,
-                "codec put": lambda: [codec.encode(page) and None for page in pages],
-                "store get": store_get,
-                "raw get": raw_get,
-                "codec get": lambda: [codec.decode(blob) for blob in blobs],
-            },
+            {"store put": store_put, "raw put": raw_put, "store get": store_get,
+             "raw get": raw_get, **codec_cases},
             repeat=args.repeat,
         )
     finally:
         for keys in _batches(store_rounds.all_keys(), 1024):
             store.delete(keys)
         raw_cleanup()
-    total_gb = num_pages * page_bytes / 1e9
+    total_mb = num_pages * page_bytes / 1e6
+    page = f"{page_bytes >> 10} KiB"
     rows = []
     for op in ("put", "get"):
-        store_gbs, raw_gbs = total_gb / times[f"store {op}"], total_gb / times[f"raw {op}"]
-        rows.append(
-            {
-                "page": f"{page_bytes >> 10} KiB",
-                "op": op,
-                "store GB/s": store_gbs,
-                "raw GB/s": raw_gbs,
-                "store/raw": store_gbs / raw_gbs,
-                "codec-only GB/s": total_gb / times[f"codec {op}"],
-                "raw baseline": raw_name,
-            }
-        )
-    return rows
+        store_gbs = total_mb / 1e3 / times[f"store {op}"]
+        raw_gbs = total_mb / 1e3 / times[f"raw {op}"]
+        rows.append({"page": page, "op": op, "store GB/s": store_gbs, "raw GB/s": raw_gbs,
+                     "store/raw": store_gbs / raw_gbs, "sealed": codec.sealed,
+                     "raw baseline": raw_name})
+    codec_rows = []
+    for fmt, desc in what.items():
+        encode = total_mb / times[f"{fmt} encode"]
+        decode = total_mb / times[f"{fmt} decode"]
+        codec_rows.append({
+            "page": page, "format": fmt, "encode MB/s": encode, "decode MB/s": decode,
+            "encode vs checksum": times["checksum encode"] / times[f"{fmt} encode"],
+            "decode vs checksum": times["checksum decode"] / times[f"{fmt} decode"],
+            "checks": desc,
+        })
+    return rows, codec_rows
+
+
+def _page_sizes(text: str) -> list[int]:
+    try:
+        sizes = [parse_size(part) for part in text.split(",")]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not sizes or min(sizes) < 64:
+        raise argparse.ArgumentTypeError(f"page sizes must be >= 64 bytes, got {text!r}")
+    return sizes
+
+
+def _total(text: str) -> int:
+    try:
+        total = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if total <= 0:
+        raise argparse.ArgumentTypeError(f"expected a size > 0, got {text!r}")
+    return total
 
 
 def main(argv: list[str]) -> int:
     """Entry point of ``radixlink bench store``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="radixlink bench store", description=__doc__)
+    from radixlink.cli import CommandParser, int_at_least
+
+    parser = CommandParser(prog="radixlink bench store", description=__doc__)
     parser.add_argument("--store", default="memory://?capacity=1GiB", help="store URL")
-    parser.add_argument("--page-sizes", default="64KiB,256KiB", help="comma-separated sizes")
-    parser.add_argument("--total", default="64MiB", help="bytes written per page size")
-    parser.add_argument("--batch", type=int, default=32, help="pages per store call")
-    parser.add_argument("--repeat", type=int, default=5, help="timed rounds (best is kept)")
+    parser.add_argument("--page-sizes", type=_page_sizes, default="64KiB,256KiB",
+                        help="comma-separated sizes")
+    parser.add_argument("--total", type=_total, default="64MiB",
+                        help="bytes written per page size")
+    parser.add_argument("--batch", type=int_at_least(1), default=32, help="pages per store call")
+    parser.add_argument("--repeat", type=int_at_least(1), default=5,
+                        help="timed rounds (best is kept)")
     parser.add_argument("--seed", type=int, default=0)
     add_common_args(parser)
     args = parser.parse_args(argv)
-    args.total = parse_size(args.total)
-    page_sizes = [parse_size(size) for size in args.page_sizes.split(",")]
     checksum = PageCodec("probe", 1).checksum
     print(
-        f"bench store: store={args.store} total={args.total >> 20} MiB per page size "
-        f"batch={args.batch} repeat={args.repeat} seed={args.seed} checksum={checksum}"
+        f"bench store: store={args.store.split('?')[0]} total={args.total >> 20} MiB per page "
+        f"size batch={args.batch} repeat={args.repeat} seed={args.seed} checksum={checksum}"
     )
     with open_store(args.store) as store:
-        rows = [row for size in page_sizes for row in _bench_page_size(store, args, size)]
+        results = [_bench_page_size(store, args, size) for size in args.page_sizes]
+    rows = [row for store_rows, _ in results for row in store_rows]
+    codec_rows = [row for _, rows_ in results for row in rows_]
     print_table(rows, f"store throughput through the codec vs raw ({type(store).__name__})")
+    print()
+    print_table(codec_rows, "page codec alone: checksum only vs key digest vs HMAC (same rounds)")
     if args.json:
         config = {k: v for k, v in vars(args).items() if k != "json"}
-        write_json(args.json, {"config": config, "machine": machine_info(), "rows": rows})
+        write_json(args.json, {"config": config, "machine": machine_info(), "rows": rows,
+                               "codec_rows": codec_rows})
     return 0

@@ -143,30 +143,49 @@ def _row(
     return row
 
 
+def _positive_ints(text: str) -> list[int]:
+    """An argparse ``type``: a comma list of ints >= 1."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected a comma list of ints >= 1, got {text!r}")
+    return values
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="radixlink bench tree", description=__doc__)
-    parser.add_argument("--requests", type=int, default=2000)
+    from radixlink.cli import CommandParser, int_at_least
+
+    positive = int_at_least(1)
+    parser = CommandParser(prog="radixlink bench tree", description=__doc__)
+    parser.add_argument("--requests", type=positive, default=2000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--page-size", default="1,16", help="comma-separated page sizes")
-    parser.add_argument("--capacity", default="65536,262144,2097152", help="tokens, comma list")
-    parser.add_argument("--reps", type=int, default=3, help="runs per config (median shown)")
+    parser.add_argument("--page-size", type=_positive_ints, default="1,16",
+                        help="comma-separated page sizes")
+    parser.add_argument("--capacity", type=_positive_ints, default="65536,262144,2097152",
+                        help="tokens, comma list")
+    parser.add_argument("--reps", type=positive, default=3, help="runs per config (median shown)")
     parser.add_argument("--policy", choices=("lru", "lfu"), default="lru")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--threads", type=positive, default=1, help="torch intra-op threads")
     parser.add_argument("--profile", action="store_true", help="cProfile one run per config")
     parser.add_argument(
         "--components", default="full",
         help="comma list from full,swa,mamba: FULL-only always runs, plus every hybrid tree "
         "the listed components make (full,swa,mamba: +swa, +mamba, +swa+mamba)",
     )
-    parser.add_argument("--window", type=int, default=1024, help="SWA window (tokens)")
-    parser.add_argument("--swa-tokens", type=int, default=None, help="SWA pool (default: capacity)")
-    parser.add_argument("--mamba-states", type=int, default=1024, help="Mamba state slots")
+    parser.add_argument("--window", type=positive, default=1024, help="SWA window (tokens)")
+    parser.add_argument("--swa-tokens", type=positive, default=None,
+                        help="SWA pool (default: capacity)")
+    parser.add_argument("--mamba-states", type=positive, default=1024, help="Mamba state slots")
+    parser.add_argument("--insert-checks", choices=("on", "off", "both"), default="on",
+                        help="validate insert slots (CacheConfig.check_inserts); 'both' runs "
+                        "each config with and without, side by side")
     add_common_args(parser)
     args = parser.parse_args(argv)
     hybrids = _hybrids(parser, args)
     torch.set_num_threads(args.threads)
-    page_sizes = [int(x) for x in args.page_size.split(",")]
-    capacities = [int(x) for x in args.capacity.split(",")]
+    page_sizes, capacities = args.page_size, args.capacity
     requests = make_workload(WorkloadSpec(num_requests=args.requests, seed=args.seed))
     prompt_tokens = sum(len(r.prompt) for r in requests)
     print(
@@ -175,6 +194,7 @@ def main(argv: list[str]) -> int:
         f"torch threads {args.threads}, trees {', '.join(h.label for h in hybrids)}"
         + (f", window {args.window}" if any(h.swa for h in hybrids) else "")
     )
+    checks_modes = {"on": (True,), "off": (False,), "both": (True, False)}[args.insert_checks]
     for hybrid in hybrids:  # warm-up
         run_once(requests[:200], page_sizes[0], capacities[0], args.policy, hybrid)
     rows, results = [], []
@@ -185,14 +205,23 @@ def main(argv: list[str]) -> int:
             for hybrid in hybrids:
                 if args.profile:
                     _profile(requests, ps, cap, args.policy, hybrid)
-                runs = [run_once(requests, ps, cap, args.policy, hybrid) for _ in range(args.reps)]
-                row = _row(hybrid.label, ps, cap, runs, len(requests))
-                row["ideal hit"] = round(ideal, 3)
-                base = base or row["req/s"]
-                row["vs full"] = round(row["req/s"] / base, 2)
-                rows.append(row)
-                results.append({"page_size": ps, "capacity": cap, "components": hybrid.label,
-                                "row": row, "runs": runs})
+                # NOTE: modes interleave run by run, so the machine's drift hits them alike
+                runs: dict[bool, list[dict[str, Any]]] = {mode: [] for mode in checks_modes}
+                for _ in range(args.reps):
+                    for mode in checks_modes:
+                        runs[mode].append(run_once(requests, ps, cap, args.policy, hybrid,
+                                                   mode))
+                for checks in checks_modes:
+                    label = hybrid.label + ("" if len(checks_modes) == 1 else
+                                            f" checks {'on' if checks else 'off'}")
+                    row = _row(label, ps, cap, runs[checks], len(requests))
+                    row["ideal hit"] = round(ideal, 3)
+                    base = base or row["req/s"]
+                    row["vs full"] = round(row["req/s"] / base, 2)
+                    rows.append(row)
+                    results.append({"page_size": ps, "capacity": cap,
+                                    "components": hybrid.label, "check_inserts": checks,
+                                    "row": row, "runs": runs[checks]})
     print_table(rows, "per request: match -> lock -> alloc -> insert -> free tail -> unlock")
     spread = [r["best req/s"] / r["req/s"] - 1 for r in rows]
     print(f"best run within {100 * statistics.mean(spread):.1f}% of the median on average")

@@ -79,7 +79,8 @@ class OffloadPolicy:
             pool = self.linker.cache.pool(name)
             if pool is None:
                 raise ValueError(f"the cache has no {name.value} pool; build it with a layout")
-            codec = PageCodec(pool_fingerprint(pool, name), pool_page_bytes(pool))
+            codec = PageCodec(pool_fingerprint(pool, name), pool_page_bytes(pool),
+                              secret=self.linker.store.page_secret)
             self._codecs[name] = codec
         return codec
 

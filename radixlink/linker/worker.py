@@ -176,7 +176,7 @@ class TransferWorker:
         for pool in pools:
             raw = blobs[pos : pos + len(pool.keys)]
             pos += len(pool.keys)
-            views = [pool.codec.decode(blob) for blob in raw]
+            views = [pool.codec.decode(blob, key) for blob, key in zip(raw, pool.keys)]
             if any(v is None for v in views):
                 missing = any(b is None for b in raw)
                 status = TransferStatus.MISSING if missing else TransferStatus.CORRUPT
@@ -202,7 +202,7 @@ class TransferWorker:
         items: dict[str, bytes] = {}
         for pool in pools:
             for key, payload in zip(pool.keys, pool.payloads):
-                items[key] = pool.codec.encode(payload)
+                items[key] = pool.codec.encode(payload, key)
         results = self.store.put(items)
         num_bytes = sum(len(v) for v in items.values())
         status = TransferStatus.OK if all(results) else TransferStatus.STORE_ERROR

@@ -25,7 +25,7 @@ def _human(num_bytes: float) -> str:
 
 
 def _prefix(namespace: str | None) -> str:
-    return f"{KEY_PREFIX}{namespace}/" if namespace else ""
+    return f"{KEY_PREFIX}{namespace}/" if namespace is not None else ""
 
 
 def _stats(store: Store, args: argparse.Namespace) -> int:
@@ -63,10 +63,10 @@ def _gc(store: Store, args: argparse.Namespace) -> int:
 
 
 def _clear(store: Store, args: argparse.Namespace) -> int:
-    prefix = _prefix(args.namespace)
+    prefix = _prefix(args.namespace)  # NOTE: "" (the whole store) only with --all
     if not args.yes:
         num_pages = sum(1 for _ in store.scan(prefix))
-        what = f"namespace {args.namespace}" if args.namespace else "the whole store"
+        what = "the whole store" if args.all else f"namespace {args.namespace}"
         print(f"would delete {num_pages} pages of {what}; pass --yes to do it", file=sys.stderr)
         return 2
     print(f"deleted {store.clear(prefix)} pages")
@@ -74,16 +74,47 @@ def _clear(store: Store, args: argparse.Namespace) -> int:
 
 
 ACTIONS = {"stats": _stats, "ls": _ls, "gc": _gc, "clear": _clear}
+READ_ONLY_ACTIONS = ("stats", "ls")
+
+
+def _namespace(text: str) -> str:
+    if not text or "/" in text:
+        raise argparse.ArgumentTypeError(
+            f"expected a namespace id (as `radixlink store stats` lists them), got {text!r}; "
+            "use --all for every namespace"
+        )
+    return text
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    from radixlink.cli import CommandParser, int_at_least  # NOTE: argparse helpers only
+
+    parser = CommandParser(prog="radixlink store", description=__doc__)
+    parser.add_argument("action", choices=sorted(ACTIONS))
+    parser.add_argument("url", help="store URL, e.g. file://~/.cache/radixlink/store")
+    parser.add_argument("--namespace", type=_namespace, help="only keys of this namespace id")
+    parser.add_argument("--all", action="store_true", help="clear: every namespace")
+    parser.add_argument("--limit", type=int_at_least(1), default=100,
+                        help="ls: most keys to print")
+    parser.add_argument("--yes", action="store_true", help="clear: really delete")
+    args = parser.parse_args(argv)
+    if args.action == "clear" and (args.namespace is None) == (not args.all):
+        parser.error("clear needs exactly one of --namespace ID or --all")
+    if args.action != "clear" and args.all:
+        parser.error("--all applies to clear only")
+    return args
 
 
 def main(argv: list[str]) -> int:
-    """Entry point of ``radixlink store``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="radixlink store", description=__doc__)
-    parser.add_argument("action", choices=sorted(ACTIONS))
-    parser.add_argument("url", help="store URL, e.g. file://~/.cache/radixlink/store")
-    parser.add_argument("--namespace", help="only keys of this namespace id")
-    parser.add_argument("--limit", type=int, default=100, help="ls: most keys to print")
-    parser.add_argument("--yes", action="store_true", help="clear: really delete")
-    args = parser.parse_args(argv)
-    with open_store(args.url) as store:
+    """Entry point of ``radixlink store``; returns the exit status.
+
+    ``stats`` and ``ls`` open the store read-only (nothing created, evicted or deleted);
+    ``clear`` needs an explicit ``--namespace ID`` or ``--all``.
+
+    Raises:
+        ValueError: bad arguments or a bad URL (the CLI prints one line, exit status 2).
+        StoreError: the store is unreachable or missing.
+    """
+    args = _parse(argv)
+    with open_store(args.url, read_only=args.action in READ_ONLY_ACTIONS) as store:
         return ACTIONS[args.action](store, args)

@@ -32,6 +32,18 @@ class Store(ABC):
           present now may be gone on the next call.
     """
 
+    # NOTE: set once by ``from_url`` (``auth=``); None means pages are not sealed.
+    _page_secret: bytes | None = None
+
+    @property
+    def page_secret(self) -> bytes | None:
+        """The secret pages in this store are sealed with (the URL's ``auth=``), or None.
+
+        Read-only. The linker gives it to its page codecs; it never appears in ``repr``,
+        ``stats()`` or error messages.
+        """
+        return self._page_secret
+
     @abstractmethod
     def exists(self, keys: Sequence[str]) -> list[bool]:
         """Per-key presence. Does not count as a use for LRU purposes."""

@@ -9,16 +9,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisClusterException, RedisError
-from redis.retry import Retry
 
 from radixlink.errors import StoreError
 from radixlink.stores.redis import (
-    CLIENT_DEFAULTS,
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_SOCKET_TIMEOUT_S,
     RedisStore,
     client_url_and_options,
+    make_retry,
     public_location,
 )
 
@@ -33,20 +32,29 @@ class ClusterStore(RedisStore):
     """
 
     @classmethod
-    def from_url(cls, url: str) -> ClusterStore:
-        """``redis+cluster://host:port`` (or ``rediss+cluster://`` for TLS)."""
+    def from_url(cls, url: str, *, read_only: bool = False) -> ClusterStore:
+        """``redis+cluster://host:port`` (or ``rediss+cluster://`` for TLS); parameters as for
+        ``RedisStore`` except ``db``."""
         scheme = url.split("://", 1)[0].lower()
-        client_url, options = client_url_and_options(url, scheme.replace("+cluster", ""))
-        retry = Retry(NoBackoff(), options["retries"])
+        client_url, kwargs, options = client_url_and_options(
+            url, scheme.replace("+cluster", ""), cluster=True
+        )
+        kwargs = {"socket_timeout": DEFAULT_SOCKET_TIMEOUT_S,
+                  "socket_connect_timeout": DEFAULT_CONNECT_TIMEOUT_S, **kwargs}
+        where = public_location(client_url)
         try:  # NOTE: unlike redis.Redis, the cluster client connects here to learn the slots
-            client = RedisCluster.from_url(client_url, retry=retry, **CLIENT_DEFAULTS)
-        except (RedisError, RedisClusterException) as exc:
-            where = public_location(client_url)
-            raise StoreError(f"cannot reach Redis Cluster at {where}: {exc}") from exc
-        return cls(client, options["ttl_s"], where=public_location(client_url) + " (cluster)")
+            client = RedisCluster.from_url(
+                client_url, retry=make_retry(options["retries"]), **kwargs
+            )
+        except Exception as exc:  # noqa: BLE001 - any client failure is a store failure
+            raise StoreError(f"cannot reach Redis Cluster at {where}: {type(exc).__name__}: "
+                             f"{exc}; check the address and that the cluster is up") from exc
+        store = cls(client, options["ttl"], where=where + " (cluster)", read_only=read_only)
+        store._page_secret = options["auth"]
+        return store
 
-    def _mget(self, keys: Sequence[str]) -> list[bytes | None]:
-        values: list[bytes | None] = self.client.mget_nonatomic(keys)
+    def _mget(self, keys: Sequence[str]) -> list[Any]:
+        values: list[Any] = self.client.mget_nonatomic(keys)
         return values
 
     def nodes(self) -> list[Any]:

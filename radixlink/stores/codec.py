@@ -1,11 +1,14 @@
-"""The page payload format of DESIGN.md section 6: a fixed header, then the page bytes.
+"""The page payload format of DESIGN.md section 6: a fixed header naming the page's layout and
+store key, the page bytes, and (sealed pages) an HMAC-SHA256 tag.
 
-Owns encoding, verification and the miss counters. Knows nothing of stores, keys or the tree.
+Owns encoding, verification, page sealing and the miss counters. Knows nothing of stores or the
+tree; of keys it reads only the namespace field (the second ``/``-separated part).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import struct
 import threading
 import zlib
@@ -20,19 +23,29 @@ try:  # NOTE: xxh3 runs at memcpy speed; crc32 is ~10x slower and would dominate
 except ImportError:  # pragma: no cover - depends on the environment
     _xxh3 = None
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MAGIC = b"RXLP"
 CHECKSUM_CRC32 = 1
 CHECKSUM_XXH3 = 2
+FLAG_SEALED = 0x01  # an HMAC-SHA256 tag follows the payload
+TAG_BYTES = 32
+MIN_SECRET_BYTES = 16
+_MAC_CONTEXT = b"radixlink page mac v2\x00"  # domain separation of the per-namespace MAC keys
+_MAX_MAC_KEYS = 4096  # per-namespace MAC keys cached per codec (tenants), then the cache resets
 
-# magic, format version, checksum kind, reserved, fingerprint digest, payload length, checksum
+# magic, format version, checksum kind, flags, reserved, layout fingerprint digest, store key
+# digest, payload length, checksum; then the payload, then the tag when the page is sealed.
 #
-#   0    4   5   6     8                    24          32          40
-#   |magic|ver|ck|rsvd | fingerprint (16 B) | length u64 | checksum  | payload ...
-_HEADER = struct.Struct("<4sBBH16sQQ")
+#   0     4   5   6     7    8              24             40         48         56
+#   |magic|ver|ck |flags|rsvd| fingerprint  | key digest   | length   | checksum | payload | tag
+#   "RXLP" 2   1|2 0|1   0    blake2b-128    blake2b-128    u64        u64        <= page   32 B
+#                                                                                   bytes     sealed
+_HEADER = struct.Struct("<4sBBBB16s16sQQ")
 HEADER_BYTES = _HEADER.size
 
-MISS_REASONS = ("bad_magic", "version", "fingerprint", "length", "checksum", "truncated")
+MISS_REASONS = (
+    "bad_magic", "version", "fingerprint", "key", "auth", "length", "checksum", "truncated",
+)  # fmt: skip
 
 
 def _checksum(kind: int, view: memoryview) -> int | None:
@@ -41,6 +54,17 @@ def _checksum(kind: int, view: memoryview) -> int | None:
     if kind == CHECKSUM_CRC32:
         return zlib.crc32(view)
     return None
+
+
+def key_digest(key: str) -> bytes:
+    """The 16-byte digest of a store key that a page written under ``key`` carries."""
+    return hashlib.blake2b(key.encode(), digest_size=16).digest()
+
+
+def _namespace_field(key: str) -> str:
+    """The namespace id of a ``v<N>/<namespace>/<hash>/<pool>`` key ("" for other keys)."""
+    parts = key.split("/", 2)
+    return parts[1] if len(parts) == 3 else ""
 
 
 def _as_bytes_view(data: Any) -> memoryview:
@@ -65,17 +89,37 @@ def _as_bytes_view(data: Any) -> memoryview:
 class PageCodec:
     """Encodes one pool's pages for a store and verifies them on the way back.
 
+    Every page names the layout it was written under (fingerprint digest) and the full store
+    key it was written under (key digest): a page copied under another key, or returned for
+    another key by a store that mixed up a batch, is a miss. With ``secret`` every page is
+    sealed with HMAC-SHA256 (keyed per namespace) over the header and payload, so a writer
+    without the secret cannot produce a page this codec accepts.
+
     Args:
         fingerprint: the KV layout fingerprint (dtype, layers, heads, head dim, page size,
             pool). Pages written under another fingerprint decode as misses.
         page_bytes: the layout's page size in bytes; larger payloads are rejected.
         checksum: ``"auto"`` (xxh3 when ``xxhash`` is installed, else crc32), ``"xxh3"`` or
             ``"crc32"``. Decoding accepts either kind whatever this says.
+        secret: the page secret (at least 16 bytes), or None. A codec with a secret seals
+            what it encodes and accepts only pages with a valid tag; a codec without one
+            rejects sealed pages, since it cannot verify them (both are ``auth`` misses).
 
-    Thread-safe: encode and decode hold no state besides counters (misses under a lock).
+    Raises:
+        ValueError: a bad ``page_bytes``, checksum name or secret.
+
+    Thread-safe: encode and decode hold no state besides counters (misses under a lock) and
+    a cache of per-namespace MAC keys.
     """
 
-    def __init__(self, fingerprint: str, page_bytes: int, checksum: str = "auto"):
+    def __init__(
+        self,
+        fingerprint: str,
+        page_bytes: int,
+        checksum: str = "auto",
+        *,
+        secret: bytes | None = None,
+    ):
         if not isinstance(page_bytes, int) or page_bytes <= 0:
             raise ValueError(f"page_bytes must be a positive int, got {page_bytes!r}")
         kinds = {"xxh3": CHECKSUM_XXH3, "crc32": CHECKSUM_CRC32}
@@ -85,27 +129,56 @@ class PageCodec:
             raise ValueError(f"checksum must be 'auto', 'xxh3' or 'crc32', got {checksum!r}")
         if checksum == "xxh3" and _xxh3 is None:
             raise ValueError("checksum='xxh3' needs the xxhash package: pip install xxhash")
+        if secret is not None and (
+            not isinstance(secret, bytes) or len(secret) < MIN_SECRET_BYTES
+        ):
+            # NOTE: the message names the length only, never the secret
+            size = len(secret) if isinstance(secret, bytes) else type(secret).__name__
+            raise ValueError(
+                f"the page secret must be bytes of at least {MIN_SECRET_BYTES} bytes, got "
+                f"{size}; generate one with: python -c 'import secrets; "
+                "print(secrets.token_hex(32))'"
+            )
         self.fingerprint = fingerprint
         self.page_bytes = page_bytes
         self.checksum = checksum
         self._kind = kinds[checksum]
         self._fp_digest = hashlib.blake2b(fingerprint.encode(), digest_size=16).digest()
+        self._secret = secret
+        self._flags = FLAG_SEALED if secret is not None else 0
+        self._tag_bytes = TAG_BYTES if secret is not None else 0
+        self._mac_keys: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self._misses: Counter[str] = Counter()
         self._num_encoded = 0
         self._num_decoded = 0
 
-    def encode(self, data: Any) -> bytes:
-        """Header + payload as one new bytes object (the payload is copied exactly once).
+    @property
+    def sealed(self) -> bool:
+        """Whether this codec seals pages (it was given a secret)."""
+        return self._secret is not None
+
+    def __repr__(self) -> str:
+        return (
+            f"PageCodec(fingerprint={self.fingerprint!r}, page_bytes={self.page_bytes}, "
+            f"checksum={self.checksum!r}, sealed={self.sealed})"
+        )
+
+    def encode(self, data: Any, key: str) -> bytes:
+        """Header + payload (+ tag when sealed) as one new bytes object; the payload is copied
+        exactly once.
 
         Args:
             data: bytes, bytearray, memoryview or a contiguous CPU torch tensor (any dtype;
                 its raw bytes are stored).
+            key: the store key the page is written under; ``decode`` must be given the same.
 
         Raises:
             ValueError: the payload is larger than ``page_bytes`` (checked before any
-                allocation), or ``data`` is not a CPU buffer.
+                allocation), ``data`` is not a CPU buffer, or ``key`` is not a string.
         """
+        if not isinstance(key, str):
+            raise ValueError(f"key must be the store key (str), got {type(key).__name__}")
         view = _as_bytes_view(data)
         if view.nbytes > self.page_bytes:
             raise ValueError(
@@ -115,47 +188,82 @@ class PageCodec:
         digest = _checksum(self._kind, view)
         assert digest is not None, f"checksum kind {self._kind} has no implementation"
         header = _HEADER.pack(
-            MAGIC, FORMAT_VERSION, self._kind, 0, self._fp_digest, view.nbytes, digest
-        )
+            MAGIC, FORMAT_VERSION, self._kind, self._flags, 0, self._fp_digest,
+            key_digest(key), view.nbytes, digest,
+        )  # fmt: skip
         self._num_encoded += 1  # NOTE: no lock on the hot path; exact on GIL builds
-        return b"".join((header, view))
+        if self._secret is None:
+            return b"".join((header, view))
+        mac = hmac.new(self._mac_key(key), header, "sha256")
+        mac.update(view)
+        return b"".join((header, view, mac.digest()))
 
-    def decode(self, blob: bytes | bytearray | memoryview | None) -> memoryview | None:
+    def decode(self, blob: bytes | bytearray | memoryview | None, key: str) -> memoryview | None:
         """The verified payload of ``blob`` as a read-only view into it, or None for a miss.
 
-        A miss (None input excluded) is counted in ``stats()`` under one of
-        ``bad_magic``, ``version``, ``fingerprint``, ``length``, ``checksum``, ``truncated``.
+        Args:
+            blob: what the store returned for ``key`` (None: the store has no such page).
+            key: the store key ``blob`` was read under.
+
+        A miss (None input excluded) is counted in ``stats()`` under one of ``bad_magic``,
+        ``version``, ``fingerprint``, ``key`` (written under another key), ``auth`` (no
+        valid tag, or a sealed page and no secret), ``length``, ``checksum``, ``truncated``.
         The length field is checked against ``page_bytes`` before the payload is touched.
         """
         if blob is None:
             return None
         view = memoryview(blob)
-        reason = self._check(view)
+        reason, length = self._check(view, key)
         if reason is not None:
             with self._lock:
                 self._misses[reason] += 1
             return None
         self._num_decoded += 1  # NOTE: no lock on the hot path; exact on GIL builds
-        return view[HEADER_BYTES:].toreadonly()
+        return view[HEADER_BYTES : HEADER_BYTES + length].toreadonly()
 
-    def _check(self, view: memoryview) -> str | None:
+    def _check(self, view: memoryview, key: str) -> tuple[str | None, int]:
         if view.nbytes < HEADER_BYTES:
-            return "truncated" if MAGIC.startswith(bytes(view[:4])) else "bad_magic"
-        magic, version, kind, reserved, fp_digest, length, digest = _HEADER.unpack_from(view)
+            if not MAGIC.startswith(bytes(view[:4])):
+                return "bad_magic", 0
+            return ("version" if view.nbytes > 4 and view[4] != FORMAT_VERSION else "truncated"), 0
+        magic, version, kind, flags, reserved, fp, kd, length, digest = _HEADER.unpack_from(view)
         if magic != MAGIC:
-            return "bad_magic"
-        if version != FORMAT_VERSION or reserved != 0:  # reserved bits: a format we don't know
-            return "version"
-        if fp_digest != self._fp_digest:
-            return "fingerprint"
-        body_len = view.nbytes - HEADER_BYTES
+            return "bad_magic", 0
+        if version != FORMAT_VERSION or reserved != 0 or flags & ~FLAG_SEALED:
+            return "version", 0  # unknown bits: a format we don't know
+        if fp != self._fp_digest:
+            return "fingerprint", 0
+        if kd != key_digest(key):
+            return "key", 0
+        if flags != self._flags:
+            return "auth", 0  # sealed without a secret to check it, or unsealed with one
+        body_len = view.nbytes - HEADER_BYTES - self._tag_bytes
         if length > self.page_bytes or body_len > length:
-            return "length"
+            return "length", 0
         if body_len < length:
-            return "truncated"
-        if _checksum(kind, view[HEADER_BYTES:]) != digest:
-            return "checksum"
-        return None
+            return "truncated", 0
+        end = HEADER_BYTES + length
+        if _checksum(kind, view[HEADER_BYTES:end]) != digest:
+            return "checksum", 0
+        if self._secret is not None:
+            # NOTE: one-shot HMAC over the contiguous header + payload, no copy
+            tag = hmac.digest(self._mac_key(key), view[:end], "sha256")
+            if not hmac.compare_digest(tag, view[end:]):
+                return "auth", 0
+        return None, length
+
+    def _mac_key(self, key: str) -> bytes:
+        """The MAC key of ``key``'s namespace: HMAC(secret, context || namespace id), so
+        tenants sharing one secret never share a MAC key."""
+        namespace = _namespace_field(key)
+        mac_key = self._mac_keys.get(namespace)
+        if mac_key is None:
+            assert self._secret is not None, "only sealing codecs derive MAC keys"
+            mac_key = hmac.digest(self._secret, _MAC_CONTEXT + namespace.encode(), "sha256")
+            if len(self._mac_keys) >= _MAX_MAC_KEYS:
+                self._mac_keys.clear()  # NOTE: bounded memory with unbounded tenants
+            self._mac_keys[namespace] = mac_key
+        return mac_key
 
     def stats(self) -> dict[str, int]:
         """Counters: ``encoded``, ``decoded`` (verified reads) and one entry per miss reason."""

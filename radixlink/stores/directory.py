@@ -1,7 +1,8 @@
 """``file:///path?capacity=50GiB``: one file per page in sharded subdirectories, LRU-capped.
 
-Owns the on-disk layout, atomic writes and the in-memory LRU index. Safe with several
-processes sharing one directory (see docs/stores.md for how the cap behaves then).
+Owns the on-disk layout, the in-memory LRU index, capacity and free-space eviction. Safe with
+several processes sharing one directory (see docs/stores.md for how the cap behaves then).
+File-level safety (no links, no FIFOs, size limits, atomic writes) lives in pagefiles.py.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import errno
 import itertools
 import os
 import secrets
+import stat
 import threading
 import time
 import zlib
@@ -19,13 +21,28 @@ from typing import Any
 from urllib.parse import unquote
 
 from radixlink.errors import StoreError
+from radixlink.stores import pagefiles
 from radixlink.stores.base import Store
-from radixlink.stores.registry import check_params, parse_size, split_url
+from radixlink.stores.params import AUTH, Param, read_params, size, size_or_percent
+from radixlink.stores.registry import parse_size, split_url
 
 DEFAULT_CAPACITY = "50GiB"
+DEFAULT_MAX_PAGE = "64MiB"
+DEFAULT_MIN_FREE = "2%"
 STALE_TEMP_S = 3600.0  # a temp file this old is garbage even if its writer's pid is alive
 TOUCH_AFTER_S = 600.0  # a read refreshes a page's mtime at most this often
-_WRITE_CHUNK = 1 << 24
+_SPACE_ERRORS = (errno.ENOSPC, errno.EDQUOT)
+
+PARAMS = {
+    "capacity": Param(size(1), parse_size(DEFAULT_CAPACITY), "a size > 0 such as 50GiB"),
+    "max_page_bytes": Param(
+        size(64), parse_size(DEFAULT_MAX_PAGE), "a size >= 64 bytes such as 64MiB"
+    ),
+    "min_free": Param(
+        size_or_percent(50.0), None, "a size such as 10GiB, or 0% to 50% of the filesystem"
+    ),
+    "auth": AUTH,
+}
 
 
 def default_store_url() -> str:
@@ -43,50 +60,6 @@ def _file_name(key: str) -> str:
     return name
 
 
-def _is_temp(name: str) -> bool:
-    return name.startswith(".") and name.endswith(".tmp")
-
-
-def _writer_alive(name: str) -> bool:
-    """Whether the pid in temp file ``name`` (``.<pid>.<random tag>.<seq>.tmp``) still runs."""
-    pid_text = name[1:].split(".", 1)[0]
-    if not pid_text.isdigit():
-        return False
-    try:
-        os.kill(int(pid_text), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by another user
-        return True
-    return True
-
-
-def _write_all(fd: int, view: memoryview) -> None:
-    while view:
-        written = os.write(fd, view[:_WRITE_CHUNK])
-        view = view[written:]
-
-
-def _read_file(path: str, now: float) -> bytes:
-    """The whole file; touches its mtime (LRU order across restarts and processes) when the
-    last touch is older than ``TOUCH_AFTER_S``."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        st = os.fstat(fd)
-        data = os.read(fd, st.st_size)
-        if len(data) < st.st_size:  # NOTE: one read suffices for regular files; loop if short
-            data = b"".join([data, *iter(lambda: os.read(fd, _WRITE_CHUNK), b"")])
-        if now - st.st_mtime > TOUCH_AFTER_S:
-            # NOTE: rarely, not per hit: an inode update per read halves read throughput.
-            try:
-                os.utime(fd)
-            except OSError:
-                pass  # a read-only directory: the read still counts
-        return data
-    finally:
-        os.close(fd)
-
-
 class DirectoryStore(Store):
     """Pages as files ``<root>/<aa>/<b>/<escaped key>``: ``aab``, 12 bits of the key's crc32,
     picks one of 4096 leaf directories (created on first use; ``/`` and ``%`` in the key are
@@ -97,31 +70,60 @@ class DirectoryStore(Store):
     writers of one key leave one of the complete values. No fsync: after a power loss a torn
     page fails the codec's length/checksum check and reads as a miss.
 
+    Files are untrusted input: symlinks are never followed (nor their targets touched), only
+    regular files of at most ``max_page_bytes`` are read, and opening a FIFO cannot block.
+
     The LRU index (key -> size) is rebuilt once on open from file mtimes and kept in memory;
     put, get and exists update it, so no operation walks the tree. A read hit refreshes the
     file's mtime (at most every ``TOUCH_AFTER_S``), so LRU order survives restarts to within
-    that many seconds.
+    that many seconds. Least recently used pages are deleted past ``capacity_bytes``, when a
+    write would leave less than ``min_free`` on the filesystem, and on ENOSPC (then the write
+    is retried once).
 
     Args:
-        root: the directory (created if missing).
+        root: the directory (created if missing, unless ``read_only``).
         capacity_bytes: least recently used pages are deleted past this many bytes.
+        max_page_bytes: the largest page file read or written.
+        min_free: free space kept on the filesystem: bytes, or ``"N%"`` of its size.
+        read_only: inspect only: no directory created, no eviction, no temp clean-up, no
+            mtime refresh; ``put`` stores nothing (False, counted) and ``delete`` raises.
 
     Raises:
-        StoreError: the directory cannot be created or is not a directory.
+        ValueError: the path is under /proc, /sys or /dev, or is not a directory.
+        StoreError: the directory cannot be created, or does not exist (``read_only``).
     """
 
-    def __init__(self, root: str | os.PathLike[str], capacity_bytes: int = parse_size("50GiB")):
-        if capacity_bytes <= 0:
-            raise ValueError(f"capacity must be > 0 bytes, got {capacity_bytes}")
-        self.root = os.path.abspath(os.path.expanduser(os.fspath(root)))
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        capacity_bytes: int = parse_size(DEFAULT_CAPACITY),
+        *,
+        max_page_bytes: int = parse_size(DEFAULT_MAX_PAGE),
+        min_free: int | str = DEFAULT_MIN_FREE,
+        read_only: bool = False,
+    ):
+        if capacity_bytes <= 0 or max_page_bytes <= 0:
+            raise ValueError(f"capacity and max_page_bytes must be > 0 bytes, got "
+                             f"{capacity_bytes} and {max_page_bytes}")
+        self.root = pagefiles.check_root(os.fspath(root))
         self.capacity_bytes = capacity_bytes
-        try:
-            os.makedirs(self.root, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot use {self.root!r} as a store directory: {exc}") from exc
+        self.max_page_bytes = max_page_bytes
+        self.read_only = read_only
+        self.min_free = str(min_free).strip()
+        self._min_free = size_or_percent(50.0)(self.min_free)  # ("percent", 2.0) / ("bytes", n)
+        if read_only:
+            if not os.path.isdir(self.root):
+                raise StoreError(f"no store directory at {self.root!r}; check the URL's path")
+        else:
+            try:
+                os.makedirs(self.root, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot use {self.root!r} as a store directory: "
+                                 f"{exc.strerror or exc}; choose a writable path") from exc
         self._lock = threading.Lock()
         self._index: OrderedDict[str, int] = OrderedDict()
         self._bytes = 0
+        self._safe_leaves: set[str] = set()
         self._tag = f"{os.getpid()}.{secrets.token_hex(4)}"
         self._seq = itertools.count()
         self._counts: Counter[str] = Counter()
@@ -129,13 +131,20 @@ class DirectoryStore(Store):
         self.gc()
 
     @classmethod
-    def from_url(cls, url: str) -> DirectoryStore:
-        """``file:///abs/path?capacity=50GiB`` or ``file://~/relative/to/home``."""
-        _, rest, params = split_url(url)
-        check_params(url, params, ("capacity",))
-        if not rest:
-            raise ValueError(f"store URL {url!r} names no directory; e.g. file:///tmp/store")
-        return cls(unquote(rest), parse_size(params.get("capacity", DEFAULT_CAPACITY)))
+    def from_url(cls, url: str, *, read_only: bool = False) -> DirectoryStore:
+        """``file:///abs/path?capacity=50GiB&max_page_bytes=64MiB&min_free=2%&auth=env:NAME``
+        or ``file://~/relative/to/home``."""
+        scheme, rest, params = split_url(url)
+        options = read_params(scheme, params, PARAMS)
+        store = cls(
+            pagefiles.root_of_url(rest),
+            options["capacity"],
+            max_page_bytes=options["max_page_bytes"],
+            min_free=params.get("min_free", DEFAULT_MIN_FREE),  # checked by read_params
+            read_only=read_only,
+        )
+        store._page_secret = options["auth"]
+        return store
 
     def path_of(self, key: str) -> str:
         """The file that holds ``key`` (whether or not it exists)."""
@@ -144,43 +153,68 @@ class DirectoryStore(Store):
         return f"{self.root}/{shard[:2]}/{shard[2]}/{_file_name(key)}"
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
-        # NOTE: a stat per key rather than the index: other processes write here too.
-        sizes: list[int | None] = []
-        for key in keys:
-            try:
-                sizes.append(os.stat(self.path_of(key)).st_size)
-            except FileNotFoundError:
-                sizes.append(None)
+        # NOTE: an lstat per key rather than the index: other processes write here too.
+        sizes = [
+            pagefiles.page_size_on_disk(path, self.max_page_bytes)
+            if self._leaf_state(path) == "ok" else None
+            for path in map(self.path_of, keys)
+        ]
         self._observe(keys, sizes, touch=False)
         return [size is not None for size in sizes]
 
     def get(self, keys: Sequence[str]) -> list[bytes | None]:
         out: list[bytes | None] = []
-        now = time.time()
+        touch_before = None if self.read_only else time.time() - TOUCH_AFTER_S
         for key in keys:
             path = self.path_of(key)
             try:
-                out.append(_read_file(path, now))
+                state = self._leaf_state(path)
+                if state != "ok":
+                    raise (FileNotFoundError if state == "missing" else pagefiles.NotAPage)()
+                out.append(pagefiles.read_page(path, self.max_page_bytes, touch_before))
             except FileNotFoundError:
                 out.append(None)
-            except OSError as exc:
-                self._count_error("read_errors", exc)
+            except pagefiles.NotAPage:
+                self._count("refused")
+                out.append(None)
+            except OSError:
+                self._count("read_errors")
                 out.append(None)
         self._observe(keys, [len(v) if v is not None else None for v in out], touch=True)
         return out
 
     def put(self, items: Mapping[str, bytes]) -> list[bool]:
-        out = [self._write(key, value) for key, value in items.items()]
+        views = [(key, memoryview(value).cast("B")) for key, value in items.items()]
+        if self.read_only:
+            for _ in views:
+                self._count_put_error(errno.EROFS)
+            self._count("puts", len(views))
+            return [False] * len(views)
+        allowed = self._make_room(sum(view.nbytes for _, view in views))
+        out, retry = [], True
+        for key, view in views:
+            allowed -= view.nbytes
+            code = self._write(key, view) if allowed >= 0 else errno.ENOSPC
+            if code in _SPACE_ERRORS and retry:
+                # NOTE: disk full (or quota): free what this batch still needs, retry once
+                retry = False
+                if self._evict_bytes(view.nbytes + max(allowed, 0)) > 0:
+                    code = self._write(key, view)
+            if code:
+                self._count_put_error(code)
+            out.append(code == 0)
         with self._lock:
-            for (key, value), ok in zip(items.items(), out, strict=True):
+            for (key, view), ok in zip(views, out, strict=True):
                 if ok:
-                    self._index_set(key, len(value))
+                    self._index_set(key, view.nbytes)
             self._counts["puts"] += len(out)
-            victims = self._pop_victims_locked()
+            victims = self._pop_victims_locked(self.capacity_bytes)
         self._unlink(victims)
         return out
 
     def delete(self, keys: Sequence[str]) -> int:
+        if self.read_only:
+            raise StoreError(f"the store at {self.root!r} was opened read-only")
         with self._lock:
             for key in keys:
                 self._bytes -= self._index.pop(key, 0)
@@ -193,77 +227,97 @@ class DirectoryStore(Store):
                 "pages": len(self._index),
                 "bytes": self._bytes,
                 "capacity_bytes": self.capacity_bytes,
+                "max_page_bytes": self.max_page_bytes,
+                "min_free": self.min_free,
+                "read_only": self.read_only,
+                "sealed": self.page_secret is not None,
                 **{name: self._counts[name] for name in _COUNTERS},
                 "put_errors": dict(self._put_errors),
             }
 
     def scan(self, prefix: str = "") -> Iterator[tuple[str, int]]:
-        for _, name, size, _ in self._walk(remove_temps=False):
+        for _, name, size_, _ in self._walk(remove_temps=False):
             key = unquote(name)
             if key.startswith(prefix):
-                yield key, size
+                yield key, size_
 
     def gc(self) -> int:
-        """Rescan the directory (catching other processes' writes), delete stale temp files
-        and least recently used pages past the capacity; returns pages deleted."""
-        found = sorted(self._walk(remove_temps=True), key=lambda entry: entry[3])
+        """Rescan the directory (catching other processes' writes); unless read-only, delete
+        stale temp files and least recently used pages past the capacity. Returns the pages
+        deleted."""
+        found = sorted(self._walk(remove_temps=not self.read_only), key=lambda entry: entry[3])
         with self._lock:
-            self._index = OrderedDict((unquote(name), size) for _, name, size, _ in found)
+            self._index = OrderedDict((unquote(name), size_) for _, name, size_, _ in found)
             self._bytes = sum(self._index.values())
-            victims = self._pop_victims_locked()
+            victims = [] if self.read_only else self._pop_victims_locked(self.capacity_bytes)
         return self._unlink(victims)
 
-    def _write(self, key: str, value: bytes) -> bool:
-        """Write one page atomically; False (counted) on any per-page OS error."""
-        view = memoryview(value).cast("B")
-        if view.nbytes > self.capacity_bytes:
-            self._count_error("put_failures", OSError(errno.EFBIG, "larger than capacity"))
-            return False
+    # ---------------------------------------------------------------- writing and space
+
+    def _write(self, key: str, view: memoryview) -> int:
+        """Write one page atomically; 0, or the errno of the failure."""
+        if view.nbytes > min(self.capacity_bytes, self.max_page_bytes):
+            return errno.EFBIG
         path = self.path_of(key)
-        tmp = os.path.join(os.path.dirname(path), f".{self._tag}.{next(self._seq)}.tmp")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        leaf = path.rpartition("/")[0]
+        tmp = f"{leaf}/.{self._tag}.{next(self._seq)}.tmp"
         try:
-            try:
-                fd = os.open(tmp, flags, 0o644)
-            except FileNotFoundError:
-                os.makedirs(os.path.dirname(tmp), exist_ok=True)
-                fd = os.open(tmp, flags, 0o644)
-            try:
-                _write_all(fd, view)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
+            if self._leaf_state(path) != "ok" and not self._make_leaf(leaf):
+                return errno.ELOOP  # a shard directory is a link: write nothing through it
+            pagefiles.write_page(path, tmp, view)
         except OSError as exc:
-            self._count_error("put_failures", exc)
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass  # never created, or the directory is unwritable; gc removes it later
-            return False
-        return True
+            return exc.errno or errno.EIO
+        return 0
+
+    def _make_room(self, batch_bytes: int) -> int:
+        """Evict least recently used pages so that writing ``batch_bytes`` leaves the
+        ``min_free`` floor; returns how many of those bytes may be written."""
+        try:
+            fs = os.statvfs(self.root)
+        except OSError:
+            return batch_bytes  # NOTE: cannot tell; the writes will report ENOSPC themselves
+        kind, amount = self._min_free
+        floor = amount * fs.f_blocks * fs.f_frsize / 100 if kind == "percent" else amount
+        short = int(batch_bytes + floor - fs.f_bavail * fs.f_frsize)
+        if short <= 0:
+            return batch_bytes
+        return batch_bytes - max(0, short - self._evict_bytes(short))
+
+    def _evict_bytes(self, num_bytes: int) -> int:
+        """Delete least recently used pages of at least ``num_bytes``; returns bytes freed."""
+        with self._lock:
+            before = self._bytes
+            victims = self._pop_victims_locked(max(0, before - num_bytes))
+            freed = before - self._bytes
+        self._unlink(victims)
+        self._count("evicted_for_space", len(victims))
+        return freed
+
+    # ---------------------------------------------------------------- index
 
     def _observe(self, keys: Sequence[str], sizes: Sequence[int | None], touch: bool) -> None:
         """Fold what a read saw on disk into the index (other processes add and evict)."""
         with self._lock:
-            for key, size in zip(keys, sizes, strict=True):
-                if size is None:
+            for key, size_ in zip(keys, sizes, strict=True):
+                if size_ is None:
                     self._bytes -= self._index.pop(key, 0)
                 elif touch or key not in self._index:
-                    self._index_set(key, size)
+                    self._index_set(key, size_)
             if touch:
-                hits = sum(size is not None for size in sizes)
+                hits = sum(size_ is not None for size_ in sizes)
                 self._counts["hits"] += hits
                 self._counts["misses"] += len(sizes) - hits
 
-    def _index_set(self, key: str, size: int) -> None:
-        self._bytes += size - self._index.pop(key, 0)
-        self._index[key] = size
+    def _index_set(self, key: str, size_: int) -> None:
+        self._bytes += size_ - self._index.pop(key, 0)
+        self._index[key] = size_
 
-    def _pop_victims_locked(self) -> list[str]:
+    def _pop_victims_locked(self, target_bytes: int) -> list[str]:
+        """Pop least recently used keys until the index holds at most ``target_bytes``."""
         victims = []
-        while self._bytes > self.capacity_bytes and self._index:
-            key, size = self._index.popitem(last=False)
-            self._bytes -= size
+        while self._bytes > target_bytes and self._index:
+            key, size_ = self._index.popitem(last=False)
+            self._bytes -= size_
             victims.append(key)
         self._counts["evicted"] += len(victims)
         return victims
@@ -272,50 +326,77 @@ class DirectoryStore(Store):
         removed = 0
         for key in keys:
             try:
-                os.unlink(self.path_of(key))
+                os.unlink(self.path_of(key))  # NOTE: unlink removes a link, never its target
                 removed += 1
             except FileNotFoundError:
                 pass
         return removed
 
-    def _count_error(self, counter: str, exc: OSError) -> None:
+    def _leaf_state(self, path: str) -> str:
+        """``"ok"`` when the page's two shard directories are real directories, ``"missing"``
+        when one does not exist, ``"unsafe"`` when one is a symlink or a file (it would send
+        reads and writes out of the store). A good leaf is remembered for the process."""
+        leaf = path.rpartition("/")[0]
+        if leaf in self._safe_leaves:
+            return "ok"
+        for directory in (leaf.rpartition("/")[0], leaf):
+            try:
+                mode = os.lstat(directory).st_mode
+            except FileNotFoundError:
+                return "missing"  # NOTE: other errors (the root became a file) propagate
+            if not stat.S_ISDIR(mode):
+                return "unsafe"
+        self._safe_leaves.add(leaf)
+        return "ok"
+
+    def _make_leaf(self, leaf: str) -> bool:
+        """Create the shard directories one level at a time (mkdir never follows a link);
+        False when one of them exists and is not a real directory."""
+        for directory in (leaf.rpartition("/")[0], leaf):
+            try:
+                os.mkdir(directory)
+            except FileExistsError:
+                pass
+            if not pagefiles.is_real_dir(directory):
+                return False
+        self._safe_leaves.add(leaf)
+        return True
+
+    def _count(self, counter: str, num: int = 1) -> None:
         with self._lock:
-            self._counts[counter] += 1
-            if counter == "put_failures":
-                self._put_errors[errno.errorcode.get(exc.errno or 0, "EUNKNOWN")] += 1
+            self._counts[counter] += num
+
+    def _count_put_error(self, code: int) -> None:
+        with self._lock:
+            self._counts["put_failures"] += 1
+            self._put_errors[errno.errorcode.get(code, "EUNKNOWN")] += 1
 
     def _walk(self, remove_temps: bool) -> Iterator[tuple[str, str, int, float]]:
-        """Yield ``(path, file name, size, mtime)`` of every page file; optionally delete
-        temp files whose writer is dead or that are older than ``STALE_TEMP_S``."""
+        """Yield ``(path, file name, size, mtime)`` of every page file (regular files up to
+        ``max_page_bytes``; links and other files are not pages); optionally delete temp
+        files whose writer is dead or that are older than ``STALE_TEMP_S``."""
         now = time.time()
-        for level1 in _subdirs(self.root, name_len=2):
-            for level2 in _subdirs(level1, name_len=1):
+        for level1 in pagefiles.subdirs(self.root, name_len=2):
+            for level2 in pagefiles.subdirs(level1, name_len=1):
                 with os.scandir(level2) as entries:
                     for entry in entries:
                         try:
-                            st = entry.stat()
+                            st = entry.stat(follow_symlinks=False)
                         except FileNotFoundError:
                             continue  # evicted or replaced meanwhile
-                        if not _is_temp(entry.name):
-                            yield entry.path, entry.name, st.st_size, st.st_mtime
+                        if not entry.is_file(follow_symlinks=False):
+                            continue
+                        if not pagefiles.is_temp(entry.name):
+                            if st.st_size <= self.max_page_bytes:
+                                yield entry.path, entry.name, st.st_size, st.st_mtime
                         elif remove_temps and (
-                            not _writer_alive(entry.name) or now - st.st_mtime > STALE_TEMP_S
+                            not pagefiles.writer_alive(entry.name)
+                            or now - st.st_mtime > STALE_TEMP_S
                         ):
-                            _remove_quietly(entry.path)
+                            pagefiles.remove_quietly(entry.path)
 
 
-_COUNTERS = ("hits", "misses", "puts", "put_failures", "read_errors", "evicted")
-
-
-def _subdirs(path: str, name_len: int) -> list[str]:
-    with os.scandir(path) as entries:
-        return [
-            e.path for e in entries if len(e.name) == name_len and e.is_dir(follow_symlinks=False)
-        ]
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+_COUNTERS = (
+    "hits", "misses", "puts", "put_failures", "read_errors", "refused", "evicted",
+    "evicted_for_space",
+)  # fmt: skip

@@ -14,10 +14,32 @@ from typing import Any
 
 from radixlink.errors import StoreError
 from radixlink.stores.base import Store
-from radixlink.stores.registry import check_params, open_store, split_url
+from radixlink.stores.params import AUTH, Param, integer, number, read_params, text
+from radixlink.stores.registry import open_store, split_url
 
 OPS = ("exists", "get", "put", "delete")
 _FLOAT_PARAMS = ("fail", "corrupt", "truncate", "delay_ms", "enospc")
+_PROBABILITY = "a probability from 0 to 1"
+
+
+def _ops(value: str) -> tuple[str, ...]:
+    ops = tuple(op for op in value.split(",") if op)
+    if not ops or set(ops) - set(OPS):
+        raise ValueError(value)
+    return ops
+
+
+PARAMS = {
+    "inner": Param(text, None, "a percent-encoded store URL"),
+    "seed": Param(integer(0), 0, "an int >= 0"),
+    "ops": Param(_ops, ("exists", "get", "put"), f"a comma list of {', '.join(OPS)}"),
+    "fail": Param(number(0.0, 1.0), 0.0, _PROBABILITY),
+    "corrupt": Param(number(0.0, 1.0), 0.0, _PROBABILITY),
+    "truncate": Param(number(0.0, 1.0), 0.0, _PROBABILITY),
+    "enospc": Param(number(0.0, 1.0), 0.0, _PROBABILITY),
+    "delay_ms": Param(number(0.0, 3_600_000.0), 0.0, "milliseconds from 0 to 3600000"),
+    "auth": AUTH,
+}
 
 
 class InjectedFault(OSError):
@@ -54,6 +76,12 @@ class FaultyStore(Store):
         unknown = sorted(set(ops) - set(OPS))
         if unknown:
             raise ValueError(f"unknown ops {unknown}; choose from {OPS}")
+        for name, value in (("fail", fail), ("corrupt", corrupt), ("truncate", truncate),
+                            ("enospc", enospc)):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name}={value!r} is not a probability from 0 to 1")
+        if not delay_ms >= 0.0:
+            raise ValueError(f"delay_ms={delay_ms!r} must be >= 0")
         self.inner = inner
         self.fail, self.corrupt, self.truncate = fail, corrupt, truncate
         self.delay_ms, self.enospc = delay_ms, enospc
@@ -63,17 +91,23 @@ class FaultyStore(Store):
         self._counts = {"failed_calls": 0, "corrupted": 0, "truncated": 0, "enospc": 0}
 
     @classmethod
-    def from_url(cls, url: str) -> FaultyStore:
+    def from_url(cls, url: str, *, read_only: bool = False) -> FaultyStore:
         """``faults://?inner=<url-encoded url>&fail=0.2&corrupt=0.05&truncate=0&delay_ms=20
-        &enospc=0&seed=1&ops=exists,get,put``."""
-        _, _, params = split_url(url)
-        check_params(url, params, ("inner", "seed", "ops", *_FLOAT_PARAMS))
-        if "inner" not in params:
-            raise ValueError(f"{url!r} needs inner=<url-encoded store url>")
-        knobs = {name: float(params[name]) for name in _FLOAT_PARAMS if name in params}
-        ops = [op for op in params.get("ops", "exists,get,put").split(",") if op]
-        inner = open_store(params["inner"])
-        return cls(inner, seed=int(params.get("seed", 0)), ops=ops, **knobs)
+        &enospc=0&seed=1&ops=exists,get,put``; the page secret is ``auth=`` or the inner's."""
+        scheme, _, params = split_url(url)
+        options = read_params(scheme, params, PARAMS)
+        if options["inner"] is None:
+            raise ValueError("faults:// store URL needs inner=<percent-encoded store URL>")
+        knobs = {name: options[name] for name in _FLOAT_PARAMS}
+        inner = open_store(options["inner"], read_only=read_only)
+        store = cls(inner, seed=options["seed"], ops=options["ops"], **knobs)
+        store._page_secret = options["auth"]
+        return store
+
+    @property
+    def page_secret(self) -> bytes | None:
+        """The URL's ``auth=`` when given, else the inner store's."""
+        return self._page_secret or self.inner.page_secret
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         self._before("exists")

@@ -11,9 +11,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from radixlink.stores.base import Store
-from radixlink.stores.registry import check_params, parse_size, split_url
+from radixlink.stores.params import AUTH, Param, read_params, size
+from radixlink.stores.registry import parse_size, split_url
 
 DEFAULT_CAPACITY = "2GiB"
+PARAMS = {
+    "capacity": Param(size(1), parse_size(DEFAULT_CAPACITY), "a size > 0 such as 2GiB"),
+    "auth": AUTH,
+}
 
 
 class MemoryStore(Store):
@@ -36,11 +41,14 @@ class MemoryStore(Store):
         self._counts = {"hits": 0, "misses": 0, "puts": 0, "put_failures": 0, "evicted": 0}
 
     @classmethod
-    def from_url(cls, url: str) -> MemoryStore:
-        """``memory://?capacity=2GiB``."""
-        _, _, params = split_url(url)
-        check_params(url, params, ("capacity",))
-        return cls(parse_size(params.get("capacity", DEFAULT_CAPACITY)))
+    def from_url(cls, url: str, *, read_only: bool = False) -> MemoryStore:
+        """``memory://?capacity=2GiB&auth=env:NAME`` (``read_only`` changes nothing: a new
+        memory store is empty)."""
+        scheme, _, params = split_url(url)
+        options = read_params(scheme, params, PARAMS)
+        store = cls(options["capacity"])
+        store._page_secret = options["auth"]
+        return store
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         pages = self._pages

@@ -6,43 +6,113 @@ automatically when installed). Capacity is Redis's own ``maxmemory`` + ``allkeys
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Sized
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlencode
 
 import redis
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisClusterException, RedisError
+from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
 from radixlink.errors import StoreError
 from radixlink.stores.base import Store
+from radixlink.stores.params import (
+    AUTH,
+    Param,
+    boolean,
+    choice,
+    integer,
+    number,
+    read_params,
+    text,
+)
 from radixlink.stores.registry import split_url
 
-# NOTE: redis-py's default retries 10 times with backoff; a linker wants a dead server to fail
-# fast (the load is aborted and recomputed). One immediate retry still heals a stale pooled
-# connection after a server restart.
+# NOTE: redis-py's default retries 10 times; a linker wants a dead or hung server to fail fast
+# (the load is aborted and recomputed). One retry after a short jittered backoff still heals a
+# stale pooled connection after a server restart. Worst case per call, with the defaults:
+# (1 + retries) x socket_timeout + backoff = 2 x 1 s + <= 0.1 s.
 DEFAULT_RETRIES = 1
-CLIENT_DEFAULTS: dict[str, Any] = {"socket_connect_timeout": 2.0, "socket_timeout": 10.0}
+DEFAULT_SOCKET_TIMEOUT_S = 1.0
+DEFAULT_CONNECT_TIMEOUT_S = 1.0
+BACKOFF_BASE_S = 0.05
+BACKOFF_CAP_S = 0.5
 _SCAN_BATCH = 1000
+_SECONDS = "seconds, > 0 and at most 300"
 
 
-def client_url_and_options(url: str, scheme: str | None = None) -> tuple[str, dict[str, Any]]:
-    """Split our parameters (``ttl``, ``retries``) off ``url``; the rest (TLS, timeouts, ...)
-    passes through to redis-py's ``from_url``. Returns (client URL, store options)."""
+def _existing_path(value: str) -> str:
+    if not os.path.exists(value):
+        raise ValueError(value)
+    return value
+
+
+STORE_PARAMS: dict[str, Param] = {
+    "ttl": Param(integer(1), None, "an int >= 1 (seconds)"),
+    "retries": Param(integer(0, 10), DEFAULT_RETRIES, "an int from 0 to 10"),
+    "auth": AUTH,
+}
+CLIENT_PARAMS: dict[str, Param] = {
+    "socket_timeout": Param(number(0, 300, low_open=True), DEFAULT_SOCKET_TIMEOUT_S, _SECONDS),
+    "socket_connect_timeout": Param(
+        number(0, 300, low_open=True), DEFAULT_CONNECT_TIMEOUT_S, _SECONDS
+    ),
+    "socket_keepalive": Param(boolean, None, "true or false"),
+    "health_check_interval": Param(integer(0, 3600), None, "an int from 0 to 3600 (seconds)"),
+    "max_connections": Param(integer(1, 1 << 16), None, "an int from 1 to 65536"),
+    "client_name": Param(text, None, "a non-empty name"),
+}
+DB_PARAM = {"db": Param(integer(0), None, "an int >= 0")}
+TLS_PARAMS: dict[str, Param] = {
+    "ssl_cert_reqs": Param(choice("none", "optional", "required"), None,
+                           "none, optional or required"),
+    "ssl_ca_certs": Param(_existing_path, None, "the path of an existing CA bundle"),
+    "ssl_ca_path": Param(_existing_path, None, "the path of an existing CA directory"),
+    "ssl_certfile": Param(_existing_path, None, "the path of an existing certificate"),
+    "ssl_keyfile": Param(_existing_path, None, "the path of an existing key file"),
+    "ssl_check_hostname": Param(boolean, None, "true or false"),
+}
+_RETRIES_HINT = "radixlink retries by itself; use retries=N (0 to 10)"
+REFUSED: dict[str, str] = {
+    "decode_responses": "pages are raw bytes; radixlink never decodes responses",
+    "retry_on_timeout": _RETRIES_HINT,
+    "retry_on_error": _RETRIES_HINT,
+}
+
+
+def client_url_and_options(
+    url: str, scheme: str | None = None, *, cluster: bool = False
+) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """Check every parameter of ``url`` and split it into (client URL without query,
+    redis-py keyword arguments, store options ``ttl``/``retries``/``auth``).
+
+    Raises:
+        ValueError: an unknown, refused or malformed parameter (TLS options on a URL that
+            is not ``rediss://``, ``decode_responses``, a negative timeout, ...).
+    """
     url_scheme, rest, params = split_url(url)
-    ttl = params.pop("ttl", None)
-    retries = params.pop("retries", None)
-    options: dict[str, Any] = {
-        "ttl_s": int(ttl) if ttl else None,
-        "retries": int(retries) if retries is not None else DEFAULT_RETRIES,
-    }
-    if options["ttl_s"] is not None and options["ttl_s"] <= 0:
-        raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r} in {url!r}")
-    query = f"?{urlencode(params)}" if params else ""
-    return f"{scheme or url_scheme}://{rest}{query}", options
+    client_scheme = scheme or url_scheme
+    spec = {**STORE_PARAMS, **CLIENT_PARAMS, **({} if cluster else DB_PARAM)}
+    refused = dict(REFUSED)
+    tls_hint = f"TLS options apply to rediss:// URLs only; use rediss://{rest.split('/')[0]}"
+    if client_scheme == "rediss":
+        spec.update(TLS_PARAMS)
+    else:
+        refused.update(dict.fromkeys(TLS_PARAMS, tls_hint))
+    if cluster:
+        refused["db"] = "a Redis Cluster has database 0 only"
+    options = read_params(url_scheme, params, spec, refused)
+    kwargs = {name: options[name] for name in spec if name not in STORE_PARAMS}
+    kwargs = {name: value for name, value in kwargs.items() if value is not None}
+    store_options = {name: options[name] for name in STORE_PARAMS}
+    return f"{client_scheme}://{rest}", kwargs, store_options
+
+
+def make_retry(retries: int) -> Retry:
+    """``retries`` retries after exponential backoff with full jitter (50 ms base, 0.5 s cap)."""
+    return Retry(ExponentialWithJitterBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), retries)
 
 
 def public_location(client_url: str) -> str:
@@ -62,33 +132,47 @@ class RedisStore(Store):
         client: a redis-py client returning bytes (``decode_responses=False``).
         ttl_s: expire pages this many seconds after their last write (None: never).
         where: a human-readable location for error messages.
+        read_only: refuse writes (``put`` stores nothing, ``delete`` raises).
 
-    Raises (every method): ``StoreError`` from the redis-py exception when the server is
-    unreachable or fails; the pool reconnects on the next call.
+    Raises (every method): ``StoreError`` from whatever the client raised (connection and
+    timeout errors, server errors, and anything else redis-py lets through); the pool
+    reconnects on the next call.
     """
 
-    def __init__(self, client: Any, ttl_s: int | None = None, where: str = "redis"):
+    def __init__(
+        self, client: Any, ttl_s: int | None = None, where: str = "redis", *,
+        read_only: bool = False,
+    ):
         self.client = client
         self.ttl_s = ttl_s
         self.where = where
+        self.read_only = read_only
         self._lock = threading.Lock()
         self._counts = {"hits": 0, "misses": 0, "puts": 0, "put_failures": 0}
 
     @classmethod
-    def from_url(cls, url: str) -> RedisStore:
-        """``redis://[:password@]host:port/db?ttl=SECONDS&retries=1`` plus any redis-py URL
-        option (``socket_timeout``, ``ssl_cert_reqs`` for ``rediss://``, ...)."""
-        client_url, options = client_url_and_options(url)
-        retry = Retry(NoBackoff(), options["retries"])
-        client = redis.Redis.from_url(client_url, retry=retry, **CLIENT_DEFAULTS)
-        return cls(client, options["ttl_s"], where=public_location(client_url))
+    def from_url(cls, url: str, *, read_only: bool = False) -> RedisStore:
+        """``redis://[:password@]host:port/db?ttl=S&retries=1&auth=env:NAME`` and the client
+        options of docs/stores.md (timeouts, keepalive, TLS for ``rediss://``); any other
+        parameter is a ValueError."""
+        client_url, kwargs, options = client_url_and_options(url)
+        kwargs = {"socket_timeout": DEFAULT_SOCKET_TIMEOUT_S,
+                  "socket_connect_timeout": DEFAULT_CONNECT_TIMEOUT_S, **kwargs}
+        client = redis.Redis.from_url(client_url, retry=make_retry(options["retries"]), **kwargs)
+        store = cls(client, options["ttl"], where=public_location(client_url),
+                    read_only=read_only)
+        store._page_secret = options["auth"]
+        return store
 
     @contextmanager
     def _guard(self, op: str) -> Iterator[None]:
         try:
             yield
-        except (RedisError, RedisClusterException) as exc:
-            raise StoreError(f"{op} on {self.where} failed: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - any client failure is a store failure
+            # NOTE: not only RedisError: redis-py also raises TypeError/ValueError/OSError
+            # (bad options, closed sockets) and those must not reach the engine either.
+            raise StoreError(f"{op} on {self.where} failed: {type(exc).__name__}: "
+                             f"{exc}") from exc
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         if not keys:
@@ -97,13 +181,16 @@ class RedisStore(Store):
             pipe = self.client.pipeline(transaction=False)
             for key in keys:
                 pipe.exists(key)
-            return [bool(found) for found in pipe.execute()]
+            found = _one_per_key(pipe.execute(), keys, "exists")
+            return [bool(hit) for hit in found]
 
     def get(self, keys: Sequence[str]) -> list[bytes | None]:
         if not keys:
             return []
         with self._guard("get"):
-            values: list[bytes | None] = self._mget(keys)
+            values = _one_per_key(self._mget(keys), keys, "get")
+            if any(value is not None and type(value) is not bytes for value in values):
+                raise TypeError("the server returned non-bytes values")
         hits = sum(value is not None for value in values)
         self._count(hits=hits, misses=len(values) - hits)
         return values
@@ -111,12 +198,15 @@ class RedisStore(Store):
     def put(self, items: Mapping[str, bytes]) -> list[bool]:
         if not items:
             return []
+        if self.read_only:
+            self._count(puts=len(items), put_failures=len(items))
+            return [False] * len(items)
         with self._guard("put"):
             pipe = self.client.pipeline(transaction=False)
             for key, value in items.items():
                 pipe.set(key, value, ex=self.ttl_s)
             # NOTE: a per-command error (OOM under maxmemory-policy noeviction) is one False.
-            results = pipe.execute(raise_on_error=False)
+            results = _one_per_key(pipe.execute(raise_on_error=False), items, "put")
         out = [result is True for result in results]
         self._count(puts=len(out), put_failures=out.count(False))
         return out
@@ -124,6 +214,8 @@ class RedisStore(Store):
     def delete(self, keys: Sequence[str]) -> int:
         if not keys:
             return 0
+        if self.read_only:
+            raise StoreError(f"the store at {self.where} was opened read-only")
         with self._guard("delete"):
             return int(self.client.delete(*keys))
 
@@ -139,6 +231,7 @@ class RedisStore(Store):
             "bytes": sum(int(info["used_memory"]) for info in infos),
             "capacity_bytes": sum(int(info.get("maxmemory", 0)) for info in infos),
             "maxmemory_policy": sorted({str(info.get("maxmemory_policy")) for info in infos}),
+            "sealed": self.page_secret is not None,
             **counts,
         }
 
@@ -153,10 +246,13 @@ class RedisStore(Store):
             yield from self._sizes(batch)
 
     def close(self) -> None:
-        self.client.close()
+        try:
+            self.client.close()
+        except Exception:  # noqa: BLE001 - closing a broken connection must not raise
+            pass
 
-    def _mget(self, keys: Sequence[str]) -> list[bytes | None]:
-        values: list[bytes | None] = self.client.mget(keys)
+    def _mget(self, keys: Sequence[str]) -> list[Any]:
+        values: list[Any] = self.client.mget(keys)
         return values
 
     def nodes(self) -> list[Any]:
@@ -176,3 +272,12 @@ class RedisStore(Store):
         with self._lock:
             for name, delta in deltas.items():
                 self._counts[name] += delta
+
+
+def _one_per_key(results: Any, keys: Sized, op: str) -> list[Any]:
+    """``results`` as a list, checked to hold one answer per key (a protocol mix-up is a store
+    failure, never a shifted answer)."""
+    out = list(results)
+    if len(out) != len(keys):
+        raise ValueError(f"{op}: {len(out)} results for {len(keys)} keys")
+    return out

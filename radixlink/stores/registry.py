@@ -5,9 +5,9 @@ Owns URL parsing only; each backend's ``from_url`` reads its own parameters.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import re
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
@@ -55,49 +55,68 @@ def parse_size(text: str | int) -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
+def redact(url: str) -> str:
+    """``url`` without its query and without a password (for messages and logs)."""
+    scheme, sep, rest = url.partition("://")
+    location = rest.split("?", 1)[0]
+    if "@" in location:
+        location = "***@" + location.rpartition("@")[2]
+    return f"{scheme}{sep}{location}"
+
+
 def split_url(url: str) -> tuple[str, str, dict[str, str]]:
-    """``scheme://rest?query`` -> (scheme, rest, {param: value}); a repeated param keeps the
-    last value. Values are percent-decoded (nested store URLs arrive decoded)."""
+    """``scheme://rest?query`` -> (scheme, rest, {param: value}). Values are percent-decoded
+    (nested store URLs arrive decoded).
+
+    Raises:
+        ValueError: no scheme, or a parameter given twice (which one would win is a trap).
+    """
     if "://" not in url:
-        raise ValueError(f"store URL {url!r} has no scheme; known schemes: {', '.join(STORES)}")
+        raise ValueError(f"store URL {redact(url)!r} has no scheme; known schemes: "
+                         f"{', '.join(STORES)} (e.g. file:///var/cache/radixlink)")
     scheme, rest = url.split("://", 1)
     rest, _, query = rest.partition("?")
     params: dict[str, str] = {}
     for part in query.split("&") if query else ():
+        if not part:
+            continue
         # NOTE: unquote, not parse_qs: '+' stays '+' (redis+cluster:// in a nested URL).
         name, _, value = part.partition("=")
-        params[unquote(name)] = unquote(value)
+        name = unquote(name)
+        if name in params:
+            raise ValueError(f"{scheme.lower()}:// store URL: parameter {name!r} is given "
+                             "twice; keep one")
+        params[name] = unquote(value)
     return scheme.lower(), rest, params
 
 
-def check_params(url: str, params: dict[str, str], allowed: Iterable[str]) -> None:
-    """Raise ValueError naming any parameter of ``url`` not in ``allowed`` (typos fail loudly)."""
-    unknown = sorted(set(params) - set(allowed))
-    if unknown:
-        raise ValueError(
-            f"unknown parameter(s) {unknown} in store URL {url!r}; allowed: {sorted(allowed)}"
-        )
-
-
-def open_store(url: str) -> Store:
+def open_store(url: str, *, read_only: bool = False) -> Store:
     """Open the store named by ``url`` (see ``STORES`` and docs/stores.md).
 
+    Args:
+        url: the store URL; every query parameter is checked here (names, types, ranges).
+        read_only: open for inspection only: no directory is created, nothing is evicted
+            or deleted on open, writes are refused (``radixlink store ls|stats``).
+
     Raises:
-        ValueError: unknown scheme or bad parameters (the message lists the known schemes).
+        ValueError: unknown scheme or bad parameters (the message names the parameter, the
+            value and what is allowed).
         ImportError: the backend's optional dependency is missing (with an install hint).
         StoreError: the backend is unreachable or unusable.
     """
     scheme = split_url(url)[0]
     target = STORES.get(scheme)
     if target is None:
-        raise ValueError(f"unknown store scheme {scheme!r} in {url!r}; known: {', '.join(STORES)}")
+        close = difflib.get_close_matches(scheme, list(STORES), n=1)
+        hint = f"did you mean {close[0]}://? " if close else ""
+        raise ValueError(f"unknown store scheme {scheme!r}; {hint}known: {', '.join(STORES)}")
     module_name, class_name = target.split(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        hint = INSTALL_HINTS.get(exc.name or "")
-        if hint is None:
+        install = INSTALL_HINTS.get(exc.name or "")
+        if install is None:
             raise
-        raise ImportError(f"store {scheme}:// needs the {exc.name!r} package: {hint}") from exc
-    store: Store = getattr(module, class_name).from_url(url)
+        raise ImportError(f"store {scheme}:// needs the {exc.name!r} package: {install}") from exc
+    store: Store = getattr(module, class_name).from_url(url, read_only=read_only)
     return store

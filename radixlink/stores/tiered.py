@@ -13,9 +13,16 @@ from typing import Any
 
 from radixlink.errors import StoreError
 from radixlink.stores.base import Store
-from radixlink.stores.registry import check_params, open_store, split_url
+from radixlink.stores.params import AUTH, Param, integer, read_params, text
+from radixlink.stores.registry import open_store, split_url
 
 DEFAULT_QUEUE_BATCHES = 64
+PARAMS = {
+    "front": Param(text, None, "a percent-encoded store URL"),
+    "back": Param(text, None, "a percent-encoded store URL"),
+    "queue": Param(integer(1, 1 << 20), DEFAULT_QUEUE_BATCHES, "an int from 1 to 1048576"),
+    "auth": AUTH,
+}
 _STOP = None
 
 
@@ -49,22 +56,37 @@ class TieredStore(Store):
         self._writer.start()
 
     @classmethod
-    def from_url(cls, url: str) -> TieredStore:
-        """``tiered://?front=<url-encoded url>&back=<url-encoded url>&queue=64``."""
-        _, _, params = split_url(url)
-        check_params(url, params, ("front", "back", "queue"))
-        if "front" not in params or "back" not in params:
+    def from_url(cls, url: str, *, read_only: bool = False) -> TieredStore:
+        """``tiered://?front=<url-encoded url>&back=<url-encoded url>&queue=64&auth=env:NAME``.
+
+        The page secret is ``auth`` when given, else the back's or the front's (they must not
+        name different secrets)."""
+        scheme, _, params = split_url(url)
+        options = read_params(scheme, params, PARAMS)
+        if options["front"] is None or options["back"] is None:
             raise ValueError(
-                f"{url!r} needs front= and back=, e.g. tiered://?front=memory%3A%2F%2F"
+                "tiered:// store URL needs front= and back=, e.g. tiered://?front=memory%3A%2F%2F"
                 "%3Fcapacity%3D1GiB&back=file%3A%2F%2F%2Ftmp%2Fstore"
             )
-        front = open_store(params["front"])
+        front = open_store(options["front"], read_only=read_only)
         try:
-            back = open_store(params["back"])
+            back = open_store(options["back"], read_only=read_only)
         except BaseException:
             front.close()
             raise
-        return cls(front, back, int(params.get("queue", DEFAULT_QUEUE_BATCHES)))
+        store = cls(front, back, options["queue"])
+        store._page_secret = options["auth"]
+        if store._page_secret is None and None not in (front.page_secret, back.page_secret) \
+                and front.page_secret != back.page_secret:
+            store.close()
+            raise ValueError("tiered:// store URL: front and back name different page secrets "
+                             "(auth=); give one auth= on the tiered URL instead")
+        return store
+
+    @property
+    def page_secret(self) -> bytes | None:
+        """The URL's ``auth=`` when given, else the back store's, else the front's."""
+        return self._page_secret or self.back.page_secret or self.front.page_secret
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         found = self.front.exists(keys)

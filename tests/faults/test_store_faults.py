@@ -19,30 +19,30 @@ from radixlink.stores.memory import MemoryStore
 from .kit import LAYOUT, TOKENS, assert_exact, kv_codec, make_cache, offload, request
 
 
-def _rewrite(store: MemoryStore, fn: Callable[[bytes], bytes]) -> int:
-    """Replace every stored page by ``fn(page)``; returns how many."""
+def _rewrite(store: MemoryStore, fn: Callable[[str, bytes], bytes]) -> int:
+    """Replace every stored page by ``fn(key, page)``; returns how many."""
     keys = [key for key, _ in store.scan()]
-    store.put({key: fn(blob) for key, blob in zip(keys, store.get(keys), strict=True)})
+    store.put({key: fn(key, blob) for key, blob in zip(keys, store.get(keys), strict=True)})
     return len(keys)
 
 
-def _other_layout(blob: bytes) -> bytes:
+def _other_layout(key: str, blob: bytes) -> bytes:
     """The same bytes as written by a writer whose KV layout is float16 (same page size)."""
-    payload = kv_codec().decode(blob)
+    payload = kv_codec().decode(blob, key)
     assert payload is not None
     other = PageCodec(LAYOUT.fingerprint().replace("float32", "float16"), LAYOUT.page_bytes)
-    return other.encode(payload)
+    return other.encode(payload, key)
 
 
-def _patch(offset: int, value: bytes) -> Callable[[bytes], bytes]:
-    return lambda blob: blob[:offset] + value + blob[offset + len(value) :]
+def _patch(offset: int, value: bytes) -> Callable[[str, bytes], bytes]:
+    return lambda key, blob: blob[:offset] + value + blob[offset + len(value) :]
 
 
-def _short(blob: bytes) -> bytes:
+def _short(key: str, blob: bytes) -> bytes:
     """A well-formed page of the right layout whose payload is half a page."""
-    payload = kv_codec().decode(blob)
+    payload = kv_codec().decode(blob, key)
     assert payload is not None
-    return kv_codec().encode(payload[: LAYOUT.page_bytes // 2])
+    return kv_codec().encode(payload[: LAYOUT.page_bytes // 2], key)
 
 
 # offset of the u64 payload length in the header (see codec._HEADER)
@@ -50,11 +50,11 @@ _LENGTH_AT = HEADER_BYTES - 16
 
 BAD_PAYLOADS = {
     "other_layout": (_other_layout, "fingerprint"),
-    "format_version": (_patch(4, b"\x02"), "version"),
+    "format_version": (_patch(4, b"\x01"), "version"),
     "foreign_magic": (_patch(0, b"JUNK"), "bad_magic"),
     "length_beyond_page": (_patch(_LENGTH_AT, struct.pack("<Q", 1 << 40)), "length"),
     "half_page": (_short, None),
-    "torn_tail": (lambda blob: blob[: len(blob) - 100], "truncated"),
+    "torn_tail": (lambda key, blob: blob[: len(blob) - 100], "truncated"),
     "flipped_payload_byte": (_patch(HEADER_BYTES + 7, b"\xaa"), "checksum"),
 }
 

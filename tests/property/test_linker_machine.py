@@ -19,12 +19,13 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from radixlink.contract import InsertParams
 from radixlink.linker.core import ExternalCacheLinker
+from radixlink.stores.codec import HEADER_BYTES
 from radixlink.stores.faults import FaultyStore
 from radixlink.stores.memory import MemoryStore
 
 PAGES = st.lists(st.integers(0, 1), min_size=1, max_size=5)  # page patterns, page by page
 TAIL = st.integers(0, PS - 1)  # a partial last page
-PAGE_STORED = 40 + 2 * 2 * 2 * 8 * 4 * PS  # codec header + one page of the kit's layout
+PAGE_STORED = HEADER_BYTES + 2 * 2 * 2 * 8 * 4 * PS  # codec header + one page of the layout
 
 
 def tokens_of(pages: list[int], tail: int) -> list[int]:

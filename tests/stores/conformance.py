@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 from radixlink.contract import PoolName
 from radixlink.stores import PageCodec, Store, page_key
+from radixlink.stores.codec import HEADER_BYTES
+from radixlink.stores.keys import KEY_PREFIX
 
 PAGE_BYTES = 4096
 NAMESPACE = "c0ffee"
@@ -60,14 +62,15 @@ class BackendContract:
     def test_round_trip(self, backend: Backend) -> None:
         """Pages put through the codec come back byte-identical from get."""
         store, c = backend.open(), codec()
-        assert store.put({key(i): c.encode(payload(i)) for i in range(8)}) == [True] * 8
+        assert store.put({key(i): c.encode(payload(i), key(i)) for i in range(8)}) == [True] * 8
         blobs = store.get([key(i) for i in range(8)])
-        assert [bytes(c.decode(blob) or b"") for blob in blobs] == [payload(i) for i in range(8)]
+        got = [bytes(c.decode(blob, key(i)) or b"") for i, blob in enumerate(blobs)]
+        assert got == [payload(i) for i in range(8)]
 
     def test_batch_presence(self, backend: Backend) -> None:
         """exists answers per key, in order, for a batch mixing stored and missing keys."""
         store = backend.open()
-        store.put({key(i): codec().encode(payload(i)) for i in (0, 2, 3)})
+        store.put({key(i): codec().encode(payload(i), key(i)) for i in (0, 2, 3)})
         assert store.exists([key(i) for i in range(5)]) == [True, False, True, True, False]
 
     def test_missing_keys(self, backend: Backend) -> None:
@@ -81,9 +84,9 @@ class BackendContract:
     def test_overwrite_and_delete(self, backend: Backend) -> None:
         """A second put of a key replaces the value; delete removes exactly what exists."""
         store, c = backend.open(), codec()
-        store.put({key(1): c.encode(payload(1))})
-        assert store.put({key(1): c.encode(payload(2))}) == [True]
-        assert bytes(c.decode(store.get([key(1)])[0]) or b"") == payload(2)
+        store.put({key(1): c.encode(payload(1), key(1))})
+        assert store.put({key(1): c.encode(payload(2), key(1))}) == [True]
+        assert bytes(c.decode(store.get([key(1)])[0], key(1)) or b"") == payload(2)
         assert store.delete([key(1), key(9)]) == 1
         assert store.exists([key(1)]) == [False]
 
@@ -91,7 +94,7 @@ class BackendContract:
         """A reader racing writers of the same key sees a whole old or new page, never a part."""
         size = 1 << 20
         store, c = backend.open(), codec(size)
-        versions = [c.encode(payload(100 + v, size)) for v in range(2)]
+        versions = [c.encode(payload(100 + v, size), key(0)) for v in range(2)]
         store.put({key(0): versions[0]})
         stop = threading.Event()
 
@@ -116,44 +119,45 @@ class BackendContract:
         """Past capacity the store evicts; the newest page stays (exact LRU: the least recently
         used pages go first, and a get counts as a use)."""
         c = codec()
-        blob_len = len(c.encode(payload(0)))
+        blob_len = len(c.encode(payload(0), key(0)))
         if backend.exact_lru:
             store = backend.open(10 * blob_len)
-            store.put({key(i): c.encode(payload(i)) for i in range(8)})
+            store.put({key(i): c.encode(payload(i), key(i)) for i in range(8)})
             assert store.get([key(0)])[0] is not None
-            store.put({key(i): c.encode(payload(i)) for i in range(8, 12)})
+            store.put({key(i): c.encode(payload(i), key(i)) for i in range(8, 12)})
             assert store.exists([key(i) for i in range(12)]) == [True, False, False] + [True] * 9
             return
         store = backend.open(64 * blob_len)
         for start in range(0, 512, 8):
-            store.put({key(i): c.encode(payload(i)) for i in range(start, start + 8)})
+            store.put({key(i): c.encode(payload(i), key(i)) for i in range(start, start + 8)})
         present = store.exists([key(i) for i in range(512)])
         assert 0 < sum(present) < 512 and present[-1]
 
     def test_corrupt_payload_is_a_counted_miss(self, backend: Backend) -> None:
         """Bytes damaged in the store (a flipped byte, a cut tail) decode as counted misses."""
         store, c = backend.open(), codec()
-        good = c.encode(payload(5))
+        good = c.encode(payload(5), key(5))
         flipped = good[:100] + bytes([good[100] ^ 1]) + good[101:]
-        store.put({key(5): flipped, key(6): good[:-10]})
-        assert [c.decode(blob) for blob in store.get([key(5), key(6)])] == [None, None]
+        store.put({key(5): flipped, key(6): c.encode(payload(6), key(6))[:-10]})
+        blobs = store.get([key(5), key(6)])
+        assert [c.decode(blob, k) for blob, k in zip(blobs, [key(5), key(6)])] == [None, None]
         assert c.stats()["checksum"] == 1 and c.stats()["truncated"] == 1
 
     def test_close_and_reopen(self, backend: Backend) -> None:
         """After close, a new handle sees the pages if the backend persists, else nothing."""
         store, c = backend.open(), codec()
-        store.put({key(3): c.encode(payload(3))})
+        store.put({key(3): c.encode(payload(3), key(3))})
         store.close()
         assert backend.open().exists([key(3)]) == [backend.persistent]
 
     def test_scan_and_clear_by_namespace(self, backend: Backend) -> None:
         """scan lists (key, size) under a prefix; clear(prefix) removes only those keys."""
         store, c = backend.open(), codec()
-        store.put({key(i, "aaaa"): c.encode(payload(i)) for i in range(3)})
-        store.put({key(i, "bbbb"): c.encode(payload(i)) for i in range(2)})
-        listed = sorted(store.scan("v1/aaaa/"))
-        assert listed == sorted((key(i, "aaaa"), PAGE_BYTES + 40) for i in range(3))
-        assert store.clear("v1/aaaa/") == 3
+        store.put({key(i, "aaaa"): c.encode(payload(i), key(i, "aaaa")) for i in range(3)})
+        store.put({key(i, "bbbb"): c.encode(payload(i), key(i, "bbbb")) for i in range(2)})
+        listed = sorted(store.scan(f"{KEY_PREFIX}aaaa/"))
+        assert listed == sorted((key(i, "aaaa"), PAGE_BYTES + HEADER_BYTES) for i in range(3))
+        assert store.clear(f"{KEY_PREFIX}aaaa/") == 3
         assert store.exists([key(0, "aaaa"), key(0, "bbbb"), key(1, "bbbb")]) == [
             False,
             True,
@@ -168,8 +172,9 @@ class BackendContract:
         def work(t: int) -> None:
             try:
                 keys = [key(1000 * t + i) for i in range(16)]
-                store.put({k: c.encode(payload(1000 * t + i)) for i, k in enumerate(keys)})
-                got = [bytes(c.decode(blob) or b"") for blob in store.get(keys)]
+                store.put({k: c.encode(payload(1000 * t + i), k) for i, k in enumerate(keys)})
+                blobs = store.get(keys)
+                got = [bytes(c.decode(b, k) or b"") for b, k in zip(blobs, keys, strict=True)]
                 assert got == [payload(1000 * t + i) for i in range(16)]
             except BaseException as exc:  # reported to the main thread below
                 errors.append(exc)

@@ -9,7 +9,8 @@ from radixlink.bench.store import main
 
 
 def test_bench_store_smoke(tmp_path: Path, capsys: object) -> None:
-    """Two page sizes x put/get rows, each with store, raw and ratio figures."""
+    """Two page sizes x put/get rows, each with store, raw and ratio figures; and per page
+    size the codec with checksum only, key digest and HMAC measured side by side."""
     out = tmp_path / "store.json"
     argv = ["--store", "memory://?capacity=64MiB", "--total", "1MiB", "--repeat", "1"]
     assert main([*argv, "--page-sizes", "64KiB,256KiB", "--json", str(out)]) == 0
@@ -21,3 +22,8 @@ def test_bench_store_smoke(tmp_path: Path, capsys: object) -> None:
         ("256 KiB", "get"),
     ]
     assert all(row["store GB/s"] > 0 and row["raw GB/s"] > 0 for row in rows)
+    codec_rows = json.loads(out.read_text())["codec_rows"]
+    assert [(row["page"], row["format"]) for row in codec_rows] == [
+        (page, fmt) for page in ("64 KiB", "256 KiB") for fmt in ("checksum", "key digest", "HMAC")
+    ]
+    assert all(row["encode MB/s"] > 0 and row["decode MB/s"] > 0 for row in codec_rows)

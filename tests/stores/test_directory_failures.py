@@ -57,7 +57,7 @@ def test_writer_killed_mid_write_leaves_no_partial_page(tmp_path: Path) -> None:
     """Flow: a child process starts overwriting a page with 8 MiB (slowly) and is SIGKILLed
     halfway; reopening shows the old complete page, and the crash's temp file is removed."""
     store = DirectoryStore(tmp_path)
-    old = codec().encode(payload(1))
+    old = codec().encode(payload(1), key(1))
     store.put({key(1): old})
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}
     child = subprocess.Popen(
@@ -184,12 +184,12 @@ def test_processes_writing_one_key_never_expose_a_partial_page(tmp_path: Path) -
 def test_bit_rot_on_disk_is_a_counted_miss(tmp_path: Path) -> None:
     """A byte flipped in a page file on disk is caught by the codec's checksum."""
     store, c = DirectoryStore(tmp_path), codec()
-    store.put({key(3): c.encode(payload(3))})
+    store.put({key(3): c.encode(payload(3), key(3))})
     path = Path(store.path_of(key(3)))
     data = bytearray(path.read_bytes())
     data[-1] ^= 0x10
     path.write_bytes(bytes(data))
-    assert c.decode(store.get([key(3)])[0]) is None and c.stats()["checksum"] == 1
+    assert c.decode(store.get([key(3)])[0], key(3)) is None and c.stats()["checksum"] == 1
 
 
 def test_reopen_rebuilds_the_index_and_enforces_a_smaller_capacity(tmp_path: Path) -> None:

@@ -30,9 +30,9 @@ def test_damaged_gets_are_caught_by_the_codec(knob: str, reason: str) -> None:
     """corrupt flips a byte, truncate cuts the value; the codec counts both as misses."""
     c = codec()
     store = FaultyStore(MemoryStore(), seed=1, **{knob: 1.0})
-    store.put({key(i): c.encode(payload(i)) for i in range(5)})
+    store.put({key(i): c.encode(payload(i), key(i)) for i in range(5)})
     blobs = store.get([key(i) for i in range(5)])
-    assert [c.decode(blob) for blob in blobs] == [None] * 5
+    assert [c.decode(blob, key(i)) for i, blob in enumerate(blobs)] == [None] * 5
     assert c.stats()["misses"] == 5 and c.stats()[reason] >= 1
 
 

@@ -19,14 +19,14 @@ from radixlink.stores.tiered import TieredStore
 
 def test_page_key_format_and_parse_round_trip() -> None:
     """Keys are <version>/<namespace>/<hash>/<pool>[/r<rank>] and parse back to their parts."""
-    assert page_key("ab12", "ff00", PoolName.SWA) == "v1/ab12/ff00/swa"
-    assert page_key("ab12", "ff00", "kv", rank=3) == "v1/ab12/ff00/kv/r3"
-    assert page_key("", "ff00", PoolName.KV) == "v1/_/ff00/kv"
-    parts = parse_key("v1/ab12/ff00/mamba/r0")
+    assert page_key("ab12", "ff00", PoolName.SWA) == "v2/ab12/ff00/swa"
+    assert page_key("ab12", "ff00", "kv", rank=3) == "v2/ab12/ff00/kv/r3"
+    assert page_key("", "ff00", PoolName.KV) == "v2/_/ff00/kv"
+    parts = parse_key("v2/ab12/ff00/mamba/r0")
     assert parts == KeyParts(
-        version=1, namespace_id="ab12", page_hash="ff00", pool=PoolName.MAMBA, rank=0
+        version=2, namespace_id="ab12", page_hash="ff00", pool=PoolName.MAMBA, rank=0
     )
-    assert namespace_of("v1/ab12/ff00/kv") == "ab12"
+    assert namespace_of("v2/ab12/ff00/kv") == "ab12"
 
 
 @pytest.mark.parametrize("foreign", ["", "hello", "v1/a/b/nopool", "x1/a/b/kv", "v1/a/b/kv/3"])

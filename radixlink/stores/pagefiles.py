@@ -1,0 +1,189 @@
+"""Page files of the directory store, opened as untrusted input: no symlink is followed, nothing
+that is not a regular file is read, no file is read past a size limit, no open can block.
+
+Owns single-file reads and atomic writes, store-root checks and temp-file names. Knows nothing
+of keys, the index or capacity (directory.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from urllib.parse import unquote
+
+# NOTE: O_NOFOLLOW refuses a symlink at the page name (ELOOP); O_NONBLOCK makes opening a FIFO
+# return at once instead of waiting for a writer (fstat then refuses it).
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev")
+_CHUNK = 1 << 24
+
+
+class NotAPage(OSError):
+    """A file under a page name that the store refuses to read (symlink, FIFO, device, too
+    large): a counted miss, never data."""
+
+
+def read_page(path: str, max_bytes: int, touch_before: float | None) -> bytes:
+    """The whole page file at ``path``.
+
+    Args:
+        path: the page file.
+        max_bytes: files larger than this are refused from ``fstat`` alone (never read).
+        touch_before: refresh the file's mtime (LRU order across processes) when it is older
+            than this time; None never touches (read-only stores).
+
+    Raises:
+        FileNotFoundError: no page.
+        NotAPage: a symlink, something other than a regular file, or a file over
+            ``max_bytes``.
+        OSError: any other read error.
+    """
+    try:
+        fd = os.open(path, READ_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # the page name is a symlink
+            raise NotAPage(exc.errno, "a symlink under a page name") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotAPage(0, "not a regular file")
+        if st.st_size > max_bytes:
+            raise NotAPage(0, f"{st.st_size} bytes, over max_page_bytes={max_bytes}")
+        data = os.read(fd, st.st_size)
+        if len(data) < st.st_size:  # NOTE: one read suffices for regular files; loop if short
+            parts = [data]
+            left = st.st_size - len(data)
+            while left > 0:
+                part = os.read(fd, min(left, _CHUNK))
+                if not part:
+                    break
+                parts.append(part)
+                left -= len(part)
+            data = b"".join(parts)
+        if touch_before is not None and st.st_mtime < touch_before:
+            # NOTE: rarely, not per hit: an inode update per read halves read throughput.
+            # The fd is the page itself (opened without following links), never a link target.
+            try:
+                os.utime(fd)
+            except OSError:
+                pass  # a read-only directory: the read still counts
+        return data
+    finally:
+        os.close(fd)
+
+
+def page_size_on_disk(path: str, max_bytes: int) -> int | None:
+    """The size of the page file at ``path``, or None when there is no page there (missing,
+    a symlink, not a regular file, or over ``max_bytes``). Follows no link."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+        return None
+    return st.st_size
+
+
+def write_page(path: str, tmp: str, view: memoryview) -> None:
+    """Write ``view`` to ``tmp`` (created exclusively, never through a link) and rename it
+    over ``path``: readers see the old page or the new one, never a part.
+
+    Raises:
+        OSError: the write failed; ``tmp`` is removed.
+    """
+    try:
+        fd = os.open(tmp, WRITE_FLAGS, 0o644)
+        try:
+            while view:
+                written = os.write(fd, view[:_CHUNK])
+                view = view[written:]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)  # NOTE: rename replaces a link at ``path``, never its target
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass  # never created, or the directory is unwritable; gc removes it later
+        raise
+
+
+def is_real_dir(path: str) -> bool:
+    """Whether ``path`` is a directory and not a symlink to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def check_root(root: str) -> str:
+    """The absolute store root for ``root`` (``~`` expanded).
+
+    Raises:
+        ValueError: the path is under /proc, /sys or /dev (also through a link), or exists
+            and is not a directory.
+    """
+    path = os.path.abspath(os.path.expanduser(root))
+    for candidate in (path, os.path.realpath(path)):
+        for forbidden in FORBIDDEN_ROOTS:
+            if candidate == forbidden or candidate.startswith(forbidden + "/"):
+                raise ValueError(
+                    f"store directory {path!r} is under {forbidden}, which holds no real "
+                    "files; use a directory such as ~/.cache/radixlink/store"
+                )
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise ValueError(
+            f"store path {path!r} exists and is not a directory; choose another path"
+        )
+    return path
+
+
+def root_of_url(rest: str) -> str:
+    """The directory of a ``file://`` URL: ``file:///abs/path`` or ``file://~/in/home``."""
+    if not rest:
+        raise ValueError("file:// store URL names no directory; e.g. file:///var/cache/store")
+    path = unquote(rest)
+    if path.startswith(("/", "~")):
+        return path
+    host, _, local = path.partition("/")
+    meant = local if host == "localhost" else path  # NOTE: else most likely a missing "/"
+    raise ValueError(
+        f"file:// store URLs take no host (got {host!r}); write file:///{meant} for an "
+        "absolute path, or file://~/dir for one under your home"
+    )
+
+
+def subdirs(path: str, name_len: int) -> list[str]:
+    """The real (not linked) subdirectories of ``path`` whose names are ``name_len`` long."""
+    with os.scandir(path) as entries:
+        return [
+            e.path for e in entries if len(e.name) == name_len and e.is_dir(follow_symlinks=False)
+        ]
+
+
+def is_temp(name: str) -> bool:
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+def writer_alive(name: str) -> bool:
+    """Whether the pid in temp file ``name`` (``.<pid>.<random tag>.<seq>.tmp``) still runs."""
+    pid_text = name[1:].split(".", 1)[0]
+    if not pid_text.isdigit():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by another user
+        return True
+    return True
+
+
+def remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

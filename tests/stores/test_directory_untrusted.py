@@ -1,0 +1,182 @@
+"""The directory store treats its files as untrusted input: a huge file under a page name is
+never read, a FIFO never blocks, symlinks are never followed (nor their targets touched), a
+full disk evicts and retries, and a free-space floor is kept (issue 14, item 6)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+import radixlink.stores
+from radixlink.stores.directory import DirectoryStore
+
+from .conformance import key
+
+REPO_ROOT = str(Path(radixlink.stores.__file__).resolve().parents[2])
+
+
+def _page_path(store: DirectoryStore, i: int) -> Path:
+    """The path of page ``i``'s file, its shard directories created (by a real put)."""
+    assert store.put({key(i): b"placeholder"}) == [True]
+    path = Path(store.path_of(key(i)))
+    path.unlink()
+    return path
+
+
+def test_a_huge_file_under_a_page_name_is_never_read(tmp_path: Path) -> None:
+    """A 1 GiB (sparse) file under a page name: get refuses it from fstat alone (a counted
+    miss, no 1 GiB read), exists reports no page, and its neighbours still read."""
+    store = DirectoryStore(tmp_path)
+    huge = _page_path(store, 1)
+    with open(huge, "wb") as f:
+        f.truncate(1 << 30)
+    store.put({key(2): b"neighbour"})
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        assert store.get([key(1), key(2)]) == [None, b"neighbour"]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20 and time.monotonic() - started < 1.0, peak
+    assert store.exists([key(1), key(2)]) == [False, True]
+    assert store.stats()["refused"] == 1
+
+
+def test_a_fifo_under_a_page_name_never_blocks(tmp_path: Path) -> None:
+    """A FIFO under a page name (nobody writing to it): get returns a miss at once instead of
+    waiting for a writer, exists says no page, close returns."""
+    store = DirectoryStore(tmp_path)
+    fifo = _page_path(store, 1)
+    os.mkfifo(fifo)
+    got: list[object] = []
+    reader = threading.Thread(target=lambda: got.append(store.get([key(1)])), daemon=True)
+    reader.start()
+    reader.join(timeout=5)
+    try:
+        assert not reader.is_alive(), "get blocked on a FIFO"
+    finally:
+        if reader.is_alive():  # release the blocked open (old code) so the test can end
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            reader.join(timeout=5)
+    assert got == [[None]] and store.exists([key(1)]) == [False]
+    assert store.stats()["refused"] == 1
+    store.close()
+
+
+def test_symlinks_are_never_followed_nor_their_targets_touched(tmp_path: Path) -> None:
+    """A symlink under a page name to a file outside the store (old enough for an LRU touch):
+    get misses, exists says no page, the target's mtime is unchanged; the rescan on open does
+    not index the link, and delete removes the link, never the target."""
+    store = DirectoryStore(tmp_path / "store")
+    outside = tmp_path / "outside-file"
+    outside.write_bytes(b"a file root may own, outside the store")
+    os.utime(outside, (1_000_000, 1_000_000))
+    link = _page_path(store, 1)
+    link.symlink_to(outside)
+    assert store.get([key(1)]) == [None] and store.exists([key(1)]) == [False]
+    assert outside.stat().st_mtime == 1_000_000
+    reopened = DirectoryStore(tmp_path / "store")  # the rescan does not index links
+    assert reopened.stats()["pages"] == 0 and list(reopened.scan()) == []
+    reopened.delete([key(1)])
+    assert outside.exists() and not os.path.lexists(link)
+
+
+def test_a_symlinked_shard_directory_is_neither_read_nor_written(tmp_path: Path) -> None:
+    """A shard directory replaced by a link to a directory outside the store: reads through
+    it miss, writes into it fail (counted), and nothing is created outside."""
+    store = DirectoryStore(tmp_path / "store")
+    leaf = _page_path(store, 1).parent
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    outside_page = outside / Path(store.path_of(key(1))).name
+    outside_page.write_bytes(b"not the store's")
+    shutil.rmtree(leaf)
+    leaf.symlink_to(outside)
+    fresh = DirectoryStore(tmp_path / "store")
+    assert fresh.get([key(1)]) == [None] and fresh.exists([key(1)]) == [False]
+    assert fresh.put({key(1): b"new"}) == [False]
+    assert fresh.stats()["put_errors"] == {"ELOOP": 1}
+    assert sorted(p.name for p in outside.iterdir()) == [outside_page.name]
+
+
+FULL_DISK = """
+    import json, os, sys
+    from radixlink.stores.directory import DirectoryStore
+
+    root, min_free = sys.argv[1], sys.argv[2]
+    store = DirectoryStore(root + "/store", min_free=min_free)
+    results, lowest_free = [], 1 << 40
+    for i in range(40):  # 40 x 64 KiB into a 1 MiB filesystem
+        results += store.put({f"v2/ns/{i:064x}/kv": bytes([i]) * (64 << 10)})
+        fs = os.statvfs(root)
+        lowest_free = min(lowest_free, fs.f_bavail * fs.f_frsize)
+    present = store.exists([f"v2/ns/{i:064x}/kv" for i in range(40)])
+    print(json.dumps({"results": results, "present": present, "lowest_free": lowest_free,
+                      "stats": store.stats()}))
+"""
+
+
+def _on_small_tmpfs(tmp_path: Path, min_free: str) -> dict:
+    """Run FULL_DISK in a private mount namespace on a fresh 1 MiB tmpfs (root needed)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) to mount a small tmpfs")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    script = textwrap.dedent(FULL_DISK)
+    cmd = ["unshare", "-m", "sh", "-c",
+           f"mount -t tmpfs -o size=1m tmpfs '{mnt}' && exec '{sys.executable}' -c \"$0\" "
+           f"'{mnt}' '{min_free}'", script]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": REPO_ROOT})
+    if proc.returncode != 0 and "mount" in proc.stderr and "permission" in proc.stderr.lower():
+        pytest.skip(f"cannot mount tmpfs here: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_a_full_disk_evicts_the_oldest_pages_and_retries(tmp_path: Path) -> None:
+    """With no free-space floor, a real ENOSPC on a 1 MiB tmpfs evicts least recently used
+    pages and retries the write once: every put succeeds, the newest pages are there, the
+    oldest were evicted for space."""
+    out = _on_small_tmpfs(tmp_path, "0")
+    assert out["results"] == [True] * 40, out["stats"]
+    assert out["present"][-1] and not out["present"][0]
+    assert out["stats"]["evicted_for_space"] > 0, out["stats"]
+
+
+def test_the_store_keeps_a_free_space_floor(tmp_path: Path) -> None:
+    """With min_free=25% the store evicts before the filesystem drops below a quarter free:
+    every put succeeds and free space never fell under the floor."""
+    out = _on_small_tmpfs(tmp_path, "25%")
+    assert out["results"] == [True] * 40, out["stats"]
+    assert out["lowest_free"] >= (1 << 20) // 4 - (8 << 10), out  # a few blocks of slack
+    assert out["stats"]["put_errors"] == {}, out["stats"]
+
+
+def test_read_only_open_creates_nothing_and_evicts_nothing(tmp_path: Path) -> None:
+    """read_only: a missing directory is an error (not created); a smaller capacity evicts
+    nothing; put stores nothing (False, counted EROFS); delete raises."""
+    from radixlink.errors import StoreError
+
+    with pytest.raises(StoreError, match="no store directory"):
+        DirectoryStore(tmp_path / "typo", read_only=True)
+    assert not (tmp_path / "typo").exists()
+    store = DirectoryStore(tmp_path / "s")
+    store.put({key(i): b"x" * 1000 for i in range(10)})
+    ro = DirectoryStore(tmp_path / "s", capacity_bytes=2000, read_only=True)
+    assert ro.stats()["pages"] == 10 and ro.gc() == 0
+    assert ro.put({key(11): b"y"}) == [False] and ro.stats()["put_errors"] == {"EROFS": 1}
+    with pytest.raises(StoreError, match="read-only"):
+        ro.delete([key(1)])
+    assert DirectoryStore(tmp_path / "s", capacity_bytes=1 << 30).stats()["pages"] == 10
