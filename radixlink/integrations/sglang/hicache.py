@@ -1,0 +1,322 @@
+"""``RadixlinkHiCacheStorage``: a radixlink store as SGLang's HiCache L3 storage backend.
+
+Owns the ``HiCacheStorage`` contract: v1 zero-copy page I/O against the registered host pool,
+v2 per-pool I/O and presence for hybrid pools. Must not touch SGLang's cache controller or
+tree; imports SGLang.
+
+Launch (docs/integrations.md)::
+
+    --enable-hierarchical-cache --hicache-storage-backend dynamic
+    --hicache-storage-backend-extra-config '{"backend_name": "radixlink",
+        "module_path": "radixlink.integrations.sglang.hicache",
+        "class_name": "RadixlinkHiCacheStorage", "interface_v1": 1,
+        "store": "redis://127.0.0.1:6379/0"}'
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+    PoolHitPolicy,
+    PoolTransfer,
+    PoolTransferResult,
+)
+from sglang.srt.mem_cache.hicache_storage import (
+    PoolName as SGLangPoolName,
+)
+
+from radixlink.contract import PoolHitPolicy as RadixlinkHitPolicy
+from radixlink.contract import PoolName
+from radixlink.errors import StoreError
+from radixlink.integrations.sglang.host_pages import HostPages
+from radixlink.integrations.sglang.keyspace import KeySpace
+from radixlink.integrations.sglang.settings import SGLANG_HICACHE_KEYS, parse_settings
+from radixlink.linker.restorable import PoolPresence, restorable_prefix_pages
+from radixlink.stores.codec import PageCodec
+from radixlink.stores.keys import KEY_PREFIX
+from radixlink.stores.registry import open_store
+
+logger = logging.getLogger(__name__)
+
+_POOLS = {pool.value: pool for pool in PoolName}
+
+
+class RadixlinkHiCacheStorage(HiCacheStorage):
+    """HiCache pages in a radixlink store, keyed by SGLang's page hashes.
+
+    Keys: ``v2/<namespace id>/<SGLang hash>/<pool>[/r<tp rank>]``; the namespace id covers
+    ``namespace`` (default: the model), the host page layout and the TP / PP / CP shape.
+    MLA KV (identical on every rank) has no rank part and is written by SGLang's one storage
+    writer; other pools carry the rank. Pages go through radixlink's codec: a page failing its
+    checksum, layout fingerprint or key digest reads as a per-page ``False``.
+
+    Args:
+        storage_config: SGLang's ``HiCacheStorageConfig``; ``extra_config`` holds ``store``,
+            ``namespace``, ``checksum`` beside SGLang's own keys, and must set
+            ``interface_v1`` (the zero-copy page path).
+        kwargs: what SGLang's factory passes to dynamic backends (unused).
+
+    Raises:
+        ValueError: a bad or unknown config key, or ``interface_v1`` unset.
+        StoreError: the store is unreachable at startup.
+    """
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
+        extra = storage_config.extra_config or {}
+        if not extra.get("interface_v1"):
+            raise ValueError(
+                'radixlink HiCache backend needs "interface_v1": 1 in '
+                "--hicache-storage-backend-extra-config (it implements the zero-copy page API)"
+            )
+        self._settings = parse_settings(
+            extra, model_name=storage_config.model_name, passthrough=SGLANG_HICACHE_KEYS
+        )
+        self._config = storage_config
+        self._store = open_store(self._settings.store)
+        self._keys: KeySpace | None = None
+        self._pages: dict[PoolName, HostPages] = {}
+        self._codecs: dict[PoolName, PageCodec] = {}
+
+    # ---- host pool registration ----
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        """The anchor (KV) host pool: fixes the page layout and the store namespace."""
+        super().register_mem_pool_host(mem_pool_host)
+        self._add_pool(PoolName.KV, mem_pool_host)
+        cfg = self._config
+        layout = (
+            f"{self._pages[PoolName.KV].fingerprint}|tp={cfg.tp_size}|pp={cfg.pp_rank}/"
+            f"{cfg.pp_size}|cp={cfg.attn_cp_rank}/{cfg.attn_cp_size}"
+        )
+        replicated = frozenset({PoolName.KV}) if cfg.is_mla_model else frozenset()
+        self._keys = KeySpace.create(
+            namespace=self._settings.namespace, layout=layout, rank=cfg.tp_rank,
+            replicated=replicated,
+        )
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        pool = _POOLS.get(str(getattr(host_pool_name, "value", host_pool_name)))
+        if pool is None:
+            raise ValueError(
+                f"radixlink HiCache backend: host pool {host_pool_name!r} is not supported; "
+                f"supported pools: {sorted(_POOLS)}"
+            )
+        self._add_pool(pool, host_pool)
+
+    # ---- v1: KV pages, zero-copy against the host pool ----
+
+    def batch_exists(
+        self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> int:
+        """How many of ``keys`` are stored, counted from the first (a prefix)."""
+        flags = self._exists(keys, PoolName.KV)
+        return next((i for i, ok in enumerate(flags) if not ok), len(flags))
+
+    def exists(self, key: str) -> bool:
+        return self._exists([key], PoolName.KV)[0]
+
+    def batch_get_v1(
+        self,
+        keys: list[str],
+        host_indices: torch.Tensor,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> list[bool]:
+        """Read each page into its host slots; per page True when it arrived verified."""
+        return self._get(PoolName.KV, keys, host_indices)
+
+    def batch_set_v1(
+        self,
+        keys: list[str],
+        host_indices: torch.Tensor,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> list[bool]:
+        """Write each page from its host slots; per page True when the store accepted it."""
+        return self._set(PoolName.KV, keys, host_indices)
+
+    # ---- v2: hybrid pools ----
+
+    def batch_exists_v2(
+        self,
+        keys: list[str],
+        pool_transfers: list[PoolTransfer] | None = None,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> PoolTransferResult:
+        """Longest KV prefix, each extra pool's own hit, and every restorable length.
+
+        ``restorable_prefix_pages`` comes from radixlink's restorable rule: KV pages 0..L-1,
+        plus, per extra pool, its pages under the rule of its hit policy (TRAILING_PAGES:
+        the ``len(transfer.keys)`` pages ending at L). Presence of a pool is asked for every
+        KV key.
+        """
+        plan = [(PoolName.KV, RadixlinkHitPolicy.ALL_PAGES, 0)]
+        for transfer in pool_transfers or []:
+            pool = _POOLS.get(str(transfer.name.value))
+            if pool is None or transfer.hit_policy == PoolHitPolicy.BLOCK_GROUPS:
+                raise ValueError(
+                    f"radixlink HiCache backend: pool {transfer.name} with hit policy "
+                    f"{transfer.hit_policy} is not supported"
+                )
+            policy = RadixlinkHitPolicy(transfer.hit_policy.value)
+            trailing = policy is RadixlinkHitPolicy.TRAILING_PAGES
+            plan.append((pool, policy, max(1, len(transfer.keys or ())) if trailing else 0))
+        try:
+            flags = self._store.exists(
+                [k for pool, _, _ in plan for k in self._require_keys().keys(keys, pool)]
+            )
+        except StoreError as exc:
+            logger.warning("radixlink batch_exists_v2 failed: %s", exc)
+            return PoolTransferResult.empty()
+        n = len(keys)
+        presence = [
+            PoolPresence(
+                name=pool, hit_policy=policy, present=tuple(flags[i * n : (i + 1) * n]),
+                window_pages=window,
+            )
+            for i, (pool, policy, window) in enumerate(plan)
+        ]
+        return _hit_result(presence)
+
+    def batch_get_v2(
+        self,
+        transfers: list[PoolTransfer],
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> dict[str, list[bool]]:
+        return {
+            t.name: self._get(self._pool_of(t), t.keys or [], t.host_indices) for t in transfers
+        }
+
+    def batch_set_v2(
+        self,
+        transfers: list[PoolTransfer],
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> dict[str, list[bool]]:
+        return {
+            t.name: self._set(self._pool_of(t), t.keys or [], t.host_indices) for t in transfers
+        }
+
+    # ---- legacy tensor API: not used with interface_v1 ----
+
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
+        raise NotImplementedError("radixlink HiCache backend serves the page API only (v1/v2)")
+
+    def batch_get(self, keys: list[str], target_locations: Any = None,
+                  target_sizes: Any = None) -> Any:
+        raise NotImplementedError("radixlink HiCache backend serves the page API only (v1/v2)")
+
+    def set(self, key: str, value: Any = None, target_location: Any = None,
+            target_sizes: Any = None) -> bool:
+        raise NotImplementedError("radixlink HiCache backend serves the page API only (v1/v2)")
+
+    def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,
+                  target_sizes: Any = None) -> bool:
+        raise NotImplementedError("radixlink HiCache backend serves the page API only (v1/v2)")
+
+    # ---- lifecycle ----
+
+    def clear(self) -> None:
+        """Remove this namespace's pages from the store."""
+        if self._keys is not None:
+            self._store.clear(f"{KEY_PREFIX}{self._keys.namespace_id}/")
+
+    def get_stats(self) -> Any:
+        return None
+
+    def close(self) -> None:
+        self._store.close()
+
+    # ---- helpers ----
+
+    def _add_pool(self, pool: PoolName, host_pool: Any) -> None:
+        pages = HostPages(host_pool)
+        self._pages[pool] = pages
+        self._codecs[pool] = PageCodec(
+            pages.fingerprint, pages.page_bytes, self._settings.checksum,
+            secret=self._store.page_secret,
+        )
+
+    def _require_keys(self) -> KeySpace:
+        if self._keys is None:
+            raise ValueError("radixlink HiCache backend: no host pool registered yet")
+        return self._keys
+
+    def _pool_of(self, transfer: PoolTransfer) -> PoolName:
+        pool = _POOLS.get(str(transfer.name.value))
+        if pool is None or pool not in self._pages:
+            raise ValueError(f"radixlink HiCache backend: pool {transfer.name} is not registered")
+        return pool
+
+    def _exists(self, keys: list[str], pool: PoolName) -> list[bool]:
+        try:
+            return self._store.exists(self._require_keys().keys(keys, pool))
+        except StoreError as exc:
+            logger.warning("radixlink exists failed: %s", exc)
+            return [False] * len(keys)
+
+    def _get(self, pool: PoolName, keys: list[str], host_indices: Any) -> list[bool]:
+        pages, codec = self._pages[pool], self._codecs[pool]
+        if not keys or host_indices is None or host_indices.numel() != len(keys) * pages.page_size:
+            return [False] * len(keys)
+        store_keys = self._require_keys().keys(keys, pool)
+        try:
+            blobs = self._store.get(store_keys)
+        except StoreError as exc:
+            logger.warning("radixlink get failed: %s", exc)
+            return [False] * len(keys)
+        views = [codec.decode(b, k) for b, k in zip(blobs, store_keys)]
+        ok = [v is not None and v.nbytes == pages.page_bytes for v in views]
+        good = [i for i, flag in enumerate(ok) if flag]
+        if good:
+            # NOTE: one join and one batched scatter for every verified page of the call.
+            joined = bytearray(b"".join(views[i] for i in good))  # type: ignore[misc]
+            data = torch.frombuffer(joined, dtype=torch.uint8).view(len(good), -1)
+            slots = host_indices.reshape(len(keys), pages.page_size)[good].reshape(-1)
+            pages.write(slots, data)
+        return ok
+
+    def _set(self, pool: PoolName, keys: list[str], host_indices: Any) -> list[bool]:
+        pages, codec = self._pages[pool], self._codecs[pool]
+        if not keys or host_indices is None or host_indices.numel() != len(keys) * pages.page_size:
+            return [False] * len(keys)
+        keyspace = self._require_keys()
+        if pool in keyspace.replicated and not self._config.is_storage_writer:
+            return [True] * len(keys)  # another rank writes this replicated page
+        store_keys = keyspace.keys(keys, pool)
+        data = pages.read(host_indices)
+        items = {key: codec.encode(data[i], key) for i, key in enumerate(store_keys)}
+        try:
+            return self._store.put(items)
+        except StoreError as exc:
+            logger.warning("radixlink put failed: %s", exc)
+            return [False] * len(keys)
+
+
+def _hit_result(presence: list[PoolPresence]) -> PoolTransferResult:
+    """SGLang's ``PoolTransferResult``: KV prefix, per-pool hits, restorable lengths."""
+    kv = presence[0]
+    kv_pages = next((i for i, ok in enumerate(kv.present) if not ok), len(kv.present))
+    # NOTE: keyed by SGLang's PoolName, as its own backends do (a str enum hashes by name).
+    hits: dict[Any, int] = {SGLangPoolName.KV: kv_pages} if kv_pages else {}
+    restorable = set(range(1, kv_pages + 1))
+    for extra in presence[1:]:
+        if not restorable:
+            break
+        own = restorable_prefix_pages(kv_pages, [_truncate(extra, kv_pages)])
+        if own.best:
+            hits[SGLangPoolName(extra.name.value)] = own.best
+        restorable &= set(own.restorable_prefix_pages)
+    ordered = sorted(restorable)
+    return PoolTransferResult(ordered[-1] if ordered else 0, hits, ordered)
+
+
+def _truncate(presence: PoolPresence, num_pages: int) -> PoolPresence:
+    return PoolPresence(
+        name=presence.name, hit_policy=presence.hit_policy,
+        present=presence.present[:num_pages], window_pages=presence.window_pages,
+    )

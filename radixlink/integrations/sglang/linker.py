@@ -1,0 +1,274 @@
+"""``RadixlinkLinker``: radixlink stores behind SGLang's unified cache external linker.
+
+Owns the ``UnifiedCacheLinker`` contract (lookup, queued layer-wise loads, in-order offloads).
+SGLang's own wrapper (``UnifiedCacheLinkerWrapper``) keeps the tree side: hashing, rank
+agreement, slot reservation, publishing. Must not touch SGLang's tree; imports SGLang.
+
+Launch (docs/integrations.md)::
+
+    --enable-unified-cache-external-linker --unified-cache-external-linker-backend dynamic
+    --unified-cache-external-linker-config '{"linker": "RadixlinkLinker",
+        "linker_module_path": "radixlink.integrations.sglang.linker",
+        "linker_extra_config": {"store": "redis://127.0.0.1:6379/0"}}'
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from sglang.srt.mem_cache.hicache_storage import PoolName as SGLangPoolName
+from sglang.srt.mem_cache.hicache_storage import PoolTransfer
+from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+from sglang.srt.mem_cache.unified_cache.unified_cache_linker import (
+    LayerWiseLoadCounter,
+    UnifiedCacheLinker,
+)
+
+from radixlink.contract import PoolHitPolicy, PoolName
+from radixlink.errors import StoreError
+from radixlink.integrations.sglang.device_pools import DevicePools, build_device_pools
+from radixlink.integrations.sglang.keyspace import KeySpace
+from radixlink.integrations.sglang.settings import parse_settings
+from radixlink.integrations.sglang.workers import LayerLoader, Offloader, PageMove, Quarantine
+from radixlink.linker.restorable import PoolPresence, restorable_prefix_pages
+from radixlink.stores.base import Store
+from radixlink.stores.codec import PageCodec
+from radixlink.stores.registry import open_store
+
+logger = logging.getLogger(__name__)
+
+_POOLS = {pool.value: pool for pool in PoolName}
+
+
+class RadixlinkLinker(UnifiedCacheLinker):
+    """SGLang's device pools linked to one radixlink store (FULL, SWA and MAMBA pools).
+
+    Pages are keyed by SGLang's own storage hashes (request namespace included) under a
+    store namespace of (``namespace``, pool layouts, pipeline stage); non-replicated pools add
+    the tensor-parallel rank. Each page is encoded by radixlink's codec (layout fingerprint,
+    store-key digest, checksum, optional HMAC seal), so a corrupt, foreign or misplaced page
+    is a miss.
+
+    Args:
+        server_args: SGLang's ``ServerArgs`` (``model_path`` is the default namespace).
+        params: SGLang's ``CacheInitParams`` (pools, allocator, TP group, PP rank).
+        components: the cache's ``ComponentType`` set.
+        extra_config: ``linker_extra_config``: ``store``, ``namespace``, ``checksum``.
+        forward_stream: the stream the forward writes the device pools on (CUDA), or None.
+
+    Raises:
+        ValueError: a bad config key or value, or a pool kind the linker cannot move.
+        StoreError: the store is unreachable at startup.
+    """
+
+    def __init__(
+        self,
+        server_args: Any,
+        params: Any,
+        *,
+        components: set[ComponentType],
+        extra_config: dict[str, Any] | None = None,
+        forward_stream: Any = None,
+    ) -> None:
+        self.forward_stream = forward_stream
+        settings = parse_settings(
+            extra_config,
+            model_name=getattr(server_args, "model_path", None),
+            passthrough=frozenset(),
+        )
+        kvcache = params.token_to_kv_pool_allocator.get_kvcache()
+        self._device_pools: DevicePools = build_device_pools(
+            kvcache, params.req_to_token_pool, ComponentType.MAMBA in components
+        )
+        tp_rank, tp_size = _tp_rank_and_size(params)
+        layout = (
+            f"{self._device_pools.fingerprint}|tp={tp_size}|pp={params.pp_rank}/{params.pp_size}"
+        )
+        views = self._device_pools.pools
+        self._keys = KeySpace.create(
+            namespace=settings.namespace,
+            layout=layout,
+            rank=tp_rank,
+            replicated=frozenset(name for name, view in views.items() if view.replicated),
+        )
+        self._store = open_store(settings.store)
+        secret = self._store.page_secret
+        self._codecs = {
+            name: PageCodec(view.fingerprint, view.page_bytes, settings.checksum, secret=secret)
+            for name, view in views.items()
+        }
+        self.pools: dict[SGLangPoolName, object] = {
+            SGLangPoolName(name.value): view for name, view in views.items()
+        }
+        self.layer_done_counter = LayerWiseLoadCounter(self._device_pools.num_layers)
+        if PoolName.MAMBA in views:
+            # NOTE: Mamba states are read through the request pool, which waits on its own
+            # counter; the KV pool's counter is registered by SGLang's cache factory.
+            params.req_to_token_pool.register_layer_transfer_counter(self.layer_done_counter)
+        self._device = next(iter(views.values())).device
+        self._quarantine = Quarantine()
+        self._loader = LayerLoader(
+            self._store, self.layer_done_counter, self._device_pools.num_layers, self._sync,
+            self._quarantine.add,
+        )
+        self._offloader = Offloader(self._store)
+        self._pending: dict[str, list[PageMove]] = {}
+        self._closed = False
+        logger.info(
+            "radixlink linker: store=%s pools=%s layers=%d rank=%d/%d namespace=%s",
+            type(self._store).__name__, sorted(p.value for p in views),
+            self._device_pools.num_layers, tp_rank, tp_size, self._keys.namespace_id,
+        )
+
+    @property
+    def store(self) -> Store:
+        """The store this linker reads and writes (owned: closed by ``close``)."""
+        return self._store
+
+    def lookup(self, rid: str, transfers: list[PoolTransfer]) -> list[int]:
+        """Every restorable prefix length (pages of the tail) on this rank, from one batched
+        presence check; a store failure is "nothing restorable". Pages that failed
+        verification in an earlier load count as absent (see ``Quarantine``)."""
+        kv = next((t for t in transfers if t.name == SGLangPoolName.KV), None)
+        if kv is None or not kv.keys:
+            return []
+        hashes = list(kv.keys)
+        plan: list[tuple[PoolName, PoolHitPolicy, int]] = []
+        keys: list[str] = []
+        for transfer in transfers:
+            pool = self._known_pool(transfer)
+            if pool is None or transfer.hit_policy.value not in ("all_pages", "trailing_pages"):
+                return []
+            policy = PoolHitPolicy(transfer.hit_policy.value)
+            window = len(transfer.keys or ()) if policy is PoolHitPolicy.TRAILING_PAGES else 0
+            if policy is PoolHitPolicy.TRAILING_PAGES and window < 1:
+                return []
+            plan.append((pool, policy, window))
+            keys += self._keys.keys(hashes, pool)  # NOTE: presence at every tail page
+        try:
+            flags = self._quarantine.mask(keys, self._store.exists(keys))
+        except StoreError as exc:
+            logger.warning("radixlink lookup for %s failed: %s", rid, exc)
+            return []
+        presence = [
+            PoolPresence(
+                name=pool,
+                hit_policy=policy,
+                present=tuple(flags[i * len(hashes) : (i + 1) * len(hashes)]),
+                window_pages=window,
+            )
+            for i, (pool, policy, window) in enumerate(plan)
+        ]
+        return restorable_prefix_pages(len(hashes), presence).restorable_prefix_pages
+
+    def load(self, rid: str, transfers: list[PoolTransfer]) -> bool:
+        """Queue ``rid``'s pages for the next ``start_layer_wise_loading``; False (nothing
+        queued) for a transfer the linker cannot serve or a request already queued."""
+        if rid in self._pending:
+            logger.warning("radixlink load for %s is already queued", rid)
+            return False
+        moves: list[PageMove] = []
+        for transfer in transfers:
+            pool = self._known_pool(transfer)
+            if pool is None or not transfer.keys or transfer.device_indices is None:
+                return False
+            view = self._device_pools.pools[pool]
+            if transfer.device_indices.numel() != len(transfer.keys) * view.rows_per_page:
+                logger.warning(
+                    "radixlink load for %s: %d %s slots for %d pages", rid,
+                    transfer.device_indices.numel(), pool.value, len(transfer.keys),
+                )
+                return False
+            moves.append(self._move(pool, transfer))
+        if not moves:
+            return False
+        self._pending[rid] = moves
+        return True
+
+    def start_layer_wise_loading(self) -> int:
+        """Start every queued load as one batch; its counter index, or -1 when none is queued."""
+        if not self._pending:
+            return -1
+        moves = [move for request in self._pending.values() for move in request]
+        self._pending = {}
+        index = self.layer_done_counter.update_producer()
+        ready = None
+        if self._device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record()  # the slots' previous users are done on the scheduler's stream
+        self._loader.submit(index, moves, ready)
+        return index
+
+    def finish_layer_wise_loading(self, counter_index: int) -> bool:
+        """Wait until batch ``counter_index`` stops writing; True when every layer landed."""
+        if counter_index < 0:
+            return True
+        return self.layer_done_counter.finish(counter_index)
+
+    def cancel_queued_load(self, rid: str) -> bool:
+        return self._pending.pop(rid, None) is not None
+
+    def offload(self, transfers: list[PoolTransfer], session_id: str | None = None) -> bool:
+        """Queue the pages of one node (every pool as one put); completes in order. Pools
+        another rank writes (replicated ones, off rank 0) are skipped here."""
+        moves: list[PageMove] = []
+        for transfer in transfers:
+            pool = self._known_pool(transfer)
+            if pool is None or not transfer.keys or transfer.device_indices is None:
+                return False
+            if self._keys.writes(pool):
+                moves.append(self._move(pool, transfer))
+                self._quarantine.discard(moves[-1].keys)  # rewritten with fresh pages
+        ready = self.record_offload_ready() if self._device.type == "cuda" else []
+        self._offloader.submit(moves, ready)
+        return True
+
+    def num_completed_offloads(self) -> int:
+        return self._offloader.num_completed()
+
+    def pop_completed_offload(self) -> bool:
+        return self._offloader.pop()
+
+    def reset(self) -> None:
+        """Drop queued loads, wait for running transfers, forget completions."""
+        self._pending.clear()
+        self._loader.join()
+        self._offloader.join()
+        self._offloader.clear()
+        self.layer_done_counter.reset()
+
+    def close(self) -> None:
+        """Quiesce, stop the threads and close the store. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.reset()
+        self._loader.stop()
+        self._offloader.stop()
+        self._store.close()
+
+    def _known_pool(self, transfer: PoolTransfer) -> PoolName | None:
+        pool = _POOLS.get(str(transfer.name.value))
+        return pool if pool is not None and pool in self._device_pools.pools else None
+
+    def _move(self, pool: PoolName, transfer: PoolTransfer) -> PageMove:
+        return PageMove(
+            view=self._device_pools.pools[pool],
+            codec=self._codecs[pool],
+            keys=self._keys.keys(list(transfer.keys or ()), pool),
+            slots=transfer.device_indices,
+        )
+
+    def _sync(self) -> None:
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
+
+
+def _tp_rank_and_size(params: Any) -> tuple[int, int]:
+    group = getattr(params, "attn_tp_cache_group", None) or getattr(params, "tp_cache_group", None)
+    dist = torch.distributed
+    if group is None or not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    return dist.get_rank(group=group), dist.get_world_size(group=group)

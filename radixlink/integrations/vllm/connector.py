@@ -1,0 +1,200 @@
+"""``RadixlinkConnector``: radixlink stores behind vLLM's v1 KV connector API (hybrid aware).
+
+Owns the mapping of vLLM's calls onto ``SchedulerSide`` (scheduler process) and ``WorkerSide``
+(each worker process). Must not reach into vLLM's block manager or radixlink's own tree.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from radixlink.integrations.vllm.keys import KeyScheme, group_layouts
+from radixlink.integrations.vllm.metadata import RadixlinkMetadata
+from radixlink.integrations.vllm.scheduler_side import SchedulerSide
+from radixlink.integrations.vllm.settings import (
+    ConnectorSettings,
+    check_hash_settings,
+    tp_rank_and_size,
+)
+from radixlink.integrations.vllm.worker_side import WorkerSide
+from radixlink.stores.registry import open_store
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+
+class RadixlinkConnector(KVConnectorBase_V1, SupportsHMA):
+    """A shared prefix tier for vLLM: pages of every attention group in a radixlink store.
+
+    Loaded with ``--kv-transfer-config '{"kv_connector": "RadixlinkConnector",
+    "kv_connector_module_path": "radixlink.integrations.vllm", "kv_role": "kv_both",
+    "kv_load_failure_policy": "recompute", "kv_connector_extra_config": {"store": URL}}'``
+    (keys: ``radixlink.integrations.vllm.settings.EXTRA_CONFIG_KEYS``; docs/integrations.md).
+
+    Loads are asynchronous: ``get_num_new_matched_tokens`` returns ``(tokens, True)``, the
+    request waits while its pages arrive, and a page that is missing, corrupt or under the
+    wrong layout comes back as a load error, so ``recompute`` recomputes it. Pages are saved
+    in the step that computes them; a finished request's last pages are saved before vLLM
+    frees its blocks.
+
+    Raises:
+        ValueError: bad ``kv_connector_extra_config``, an xxhash prefix-caching algorithm
+            without PYTHONHASHSEED, or pipeline parallelism.
+    """
+
+    _cache_hit_source = CacheHitSource.DISK
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig):  # fmt: skip
+        super().__init__(vllm_config, role, kv_cache_config)
+        settings = ConnectorSettings.from_extra_config(
+            self._kv_transfer_config.kv_connector_extra_config
+        )
+        cache_config = vllm_config.cache_config
+        check_hash_settings(cache_config.prefix_caching_hash_algo, settings.key_scheme)
+        tp_rank, tp_size = tp_rank_and_size(vllm_config.parallel_config)
+        layout_name = cache_config.kv_cache_layout or kv_cache_config.kv_cache_layout or "auto"
+        layouts, reason = group_layouts(kv_cache_config, layout_name=layout_name, tp_size=tp_size)
+        if reason:
+            logger.warning("RadixlinkConnector takes no part: %s", reason)
+        algo = (settings.token_chain_algo if settings.key_scheme == "token_chain"
+                else cache_config.prefix_caching_hash_algo)  # fmt: skip
+        scheme = KeyScheme(
+            model=settings.namespace or vllm_config.model_config.model,
+            scheme=settings.key_scheme, algo=algo,
+            hash_block_size=kv_cache_config.hash_block_size or cache_config.block_size,
+        )  # fmt: skip
+        store = open_store(settings.store_url)
+        self._scheduler: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = SchedulerSide(
+                layouts=layouts, scheme=scheme, store=store, tp_size=tp_size,
+                load=settings.load, save=settings.save,
+            )  # fmt: skip
+        else:
+            self._worker = WorkerSide(
+                layouts=layouts, scheme=scheme, store=store, tp_rank=tp_rank,
+                num_threads=settings.num_threads,
+                max_inflight_save_bytes=settings.max_inflight_save_bytes,
+                block_errors=len(kv_cache_config.kv_cache_groups) == 1,
+            )  # fmt: skip
+        self._num_blocks = kv_cache_config.num_blocks
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # NOTE: a best-effort cache: a dropped save is a later miss
+
+    @property
+    def worker(self) -> WorkerSide:
+        """The worker-side half (worker role only): ``flush``, ``stats``."""
+        assert self._worker is not None, "the scheduler-role connector has no worker side"
+        return self._worker
+
+    # ---- worker side -------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self.worker.register(kv_caches, self._num_blocks)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, RadixlinkMetadata), type(meta).__name__
+        self.worker.start_loads(meta.loads)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        # NOTE: loads are asynchronous: a request runs only after its pages were scattered
+        # (transfer_results), so no layer of this step's forward waits on the store.
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
+                      attn_metadata: AttentionMetadata, **kwargs: Any) -> None:  # fmt: skip
+        return  # NOTE: pages are copied out once per step, in wait_for_save
+
+    def wait_for_save(self) -> None:
+        if not self.has_connector_metadata():
+            return
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, RadixlinkMetadata), type(meta).__name__
+        self.worker.save(meta.saves)
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        sending, recving, failed = self.worker.transfer_results()
+        return KVConnectorTransferResults(
+            finished_sending=sending, finished_recving=recving, failed_recving=failed
+        )
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        results = self.get_transfer_results(finished_req_ids)
+        return results.finished_sending or None, results.finished_recving or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.worker.take_load_errors()
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+        if self._scheduler is not None:
+            self._scheduler.store.close()
+
+    # ---- scheduler side ----------------------------------------------------------------
+
+    @property
+    def scheduler_side(self) -> SchedulerSide:
+        """The scheduler-side half (scheduler role only)."""
+        assert self._scheduler is not None, "the worker-role connector has no scheduler side"
+        return self._scheduler
+
+    def bind_gpu_block_pool(self, gpu_block_pool: BlockPool) -> None:
+        self.scheduler_side.set_null_block_id(gpu_block_pool.null_block.block_id)
+
+    def on_new_request(self, request: Request) -> None:
+        self.scheduler_side.add_request(request)
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        tokens = self.scheduler_side.lookup(request, num_computed_tokens)
+        return tokens, tokens > 0
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
+                                 num_external_tokens: int) -> None:  # fmt: skip
+        self.scheduler_side.plan_load(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        return self.scheduler_side.build_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        self.scheduler_side.loads_done(
+            set(connector_output.finished_recving or ()),
+            set(connector_output.failed_recving or ()),
+            set(connector_output.invalid_block_ids or ()),
+        )
+
+    def request_finished(self, request: Request,
+                         block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:  # fmt: skip
+        return self.request_finished_all_groups(request, (block_ids,))
+
+    def request_finished_all_groups(self, request: Request, block_ids: tuple[list[int], ...]
+                                    ) -> tuple[bool, dict[str, Any] | None]:  # fmt: skip
+        return self.scheduler_side.finish(request, block_ids), None

@@ -1,0 +1,234 @@
+"""The scheduler-side half of the connector: store lookups, load plans, and which computed pages
+each step saves.
+
+Owns per-request bookkeeping in the scheduler process. Must not touch KV tensors (workers own
+them) or vLLM's block manager beyond the block ids vLLM hands it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from radixlink.contract import PoolHitPolicy
+from radixlink.errors import StoreError
+from radixlink.integrations.vllm.keys import GroupLayout, KeyScheme
+from radixlink.integrations.vllm.metadata import GroupPages, PageJob, RadixlinkMetadata
+from radixlink.linker.restorable import PoolPresence, largest_common, restorable_prefix_pages
+from radixlink.stores.base import Store
+
+logger = logging.getLogger(__name__)
+
+
+class SchedulerSide:
+    """Lookups and save plans for one vLLM scheduler.
+
+    Page counting (one page = one block of every group)::
+
+        tokens  | local hit (device)  | store hit (loaded)  | computed here ...   |
+        pages   0 ............ local  local ........ local+hit               ...
+        saved   (by whoever computed) (already stored)     saved as computed
+
+    Args:
+        layouts: the groups taking part (empty: the connector does nothing).
+        scheme: key naming shared with the workers.
+        store: the page store (only ``exists`` is called here, once per lookup).
+        tp_size: tensor-parallel ranks; a page counts only when every rank's key is present.
+        load: whether lookups may report hits.
+        save: whether computed pages are planned for saving.
+    """
+
+    def __init__(self, *, layouts: Sequence[GroupLayout], scheme: KeyScheme, store: Store,
+                 tp_size: int, load: bool, save: bool):  # fmt: skip
+        self._layouts = tuple(layouts)
+        self._scheme = scheme
+        self.store = store
+        self._tp_size = tp_size
+        self._load = load and bool(layouts)
+        self._save = save and bool(layouts)
+        self._block_size = layouts[0].block_size if layouts else 0
+        self._null_block_id = 0
+        self._requests: dict[str, Any] = {}
+        self._lookups: dict[str, tuple[int, int]] = {}  # req -> (local pages, hit pages)
+        self._saved: dict[str, int] = {}  # req -> leading pages stored (or skipped)
+        self._hashes: dict[str, list[str]] = {}  # req -> page hashes known so far
+        self._loading: dict[str, tuple[int, frozenset[int]]] = {}  # req -> (local, block ids)
+        self._load_failed: set[str] = set()  # requests whose load failed: no store hit again
+        self._loads: list[PageJob] = []
+        self._finishing: list[PageJob] = []
+        self.num_lookups = 0
+        self.num_hit_pages = 0
+        self.num_store_errors = 0
+
+    def set_null_block_id(self, block_id: int) -> None:
+        """The id of vLLM's null block (SWA blocks outside the window point at it)."""
+        self._null_block_id = block_id
+
+    def add_request(self, request: Any) -> None:
+        """Remember a new request (its hashes and token counts are read at each step)."""
+        self._requests[request.request_id] = request
+
+    def lookup(self, request: Any, num_computed_tokens: int) -> int:
+        """Tokens past ``num_computed_tokens`` (block aligned) every rank can load; one batched
+        ``exists`` over all groups and ranks. A store error is a miss."""
+        self._requests[request.request_id] = request
+        size = self._block_size
+        local = num_computed_tokens // size if size else 0
+        self._lookups[request.request_id] = (local, 0)
+        if not self._load or request.request_id in self._load_failed:
+            return 0
+        # NOTE: keep one token to compute, as vLLM's own prefix cache does.
+        tail = self._page_hashes(request, (request.num_tokens - 1) // size)[local:]
+        if not tail:
+            return 0
+        salt = request.cache_salt or ""
+        per_rank = [
+            [self._scheme.keys(g, tail, rank, salt) for g in self._layouts]
+            for rank in range(self._tp_size)
+        ]
+        flat = [key for rank_keys in per_rank for keys in rank_keys for key in keys]
+        self.num_lookups += 1
+        try:
+            present = self.store.exists(flat)
+        except StoreError as exc:
+            self.num_store_errors += 1
+            logger.warning("radixlink lookup failed, treating as a miss: %s", exc)
+            return 0
+        hit = largest_common([
+            restorable_prefix_pages(len(tail), self._presence(present, rank, len(tail)))
+            .restorable_prefix_pages
+            for rank in range(self._tp_size)
+        ])  # fmt: skip
+        self._lookups[request.request_id] = (local, hit)
+        self.num_hit_pages += hit
+        return hit * size
+
+    def plan_load(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        """After vLLM allocated blocks for an async load: queue the load for the workers."""
+        req_id = request.request_id
+        local, _ = self._lookups.pop(req_id, (0, 0))
+        # NOTE: pages of vLLM's own prefix cache were saved by the request that computed them
+        self._saved[req_id] = max(self._saved.get(req_id, 0), local)
+        if num_external_tokens <= 0 or not self._load:
+            return
+        num_pages = num_external_tokens // self._block_size
+        hashes = self._page_hashes(request, local + num_pages)[local:]
+        job = self._job(request, blocks.get_block_ids(), local, hashes, finishing=False)
+        self._loads.append(job)
+        loaded_ids = frozenset(b for g in job.groups for b in g.block_ids)
+        self._loading[req_id] = (local, loaded_ids)
+        self._saved[req_id] = max(self._saved[req_id], local + len(hashes))
+
+    def build_meta(self, scheduler_output: Any) -> RadixlinkMetadata:
+        """This step's loads, plus saves of every page that becomes computed in it."""
+        meta = RadixlinkMetadata(loads=self._loads, saves=self._finishing)
+        self._loads, self._finishing = [], []
+        if not self._save:
+            return meta
+        block_state = scheduler_output.kv_connector_block_state
+        for req_id, num_scheduled in scheduler_output.num_scheduled_tokens.items():
+            request = self._requests.get(req_id)
+            if request is None or block_state is None:
+                continue
+            done = request.num_computed_tokens
+            # NOTE: prompt tokens are final once scheduled; output tokens only once their
+            # step was processed (spec-decode drafts may be rejected), hence the two bounds.
+            processed = done - getattr(request, "num_in_flight_tokens", 0)
+            end = max(processed, min(done + num_scheduled, request.num_prompt_tokens))
+            job = self._save_job(request, block_state.get_block_ids(req_id), end, False)
+            if job is not None:
+                meta.saves.append(job)
+        return meta
+
+    def finish(self, request: Any, block_ids: tuple[list[int], ...]) -> bool:
+        """The request finished: plan a save of its computed pages not saved yet. True when
+        vLLM must hold the blocks until the workers report the pages copied out."""
+        req_id = request.request_id
+        job = None
+        if self._save and req_id in self._requests:
+            job = self._save_job(request, block_ids, request.num_computed_tokens, True)
+        for table in (self._requests, self._lookups, self._saved, self._hashes, self._loading):
+            table.pop(req_id, None)
+        self._load_failed.discard(req_id)
+        if job is None:
+            return False
+        self._finishing.append(job)
+        return True
+
+    def loads_done(self, finished: set[str], failed: set[str], bad_blocks: set[int]) -> None:
+        """Loads that ended. A failed one's pages will be recomputed, so they are saved again,
+        and the request is not offered a store hit again: vLLM looks a request up afresh when a
+        failure sent it back to 0 computed tokens, and the same pages would fail the same way
+        (a store that answers ``exists`` but fails ``get`` would loop forever)."""
+        for req_id in finished:
+            entry = self._loading.pop(req_id, None)
+            if entry is None or not (req_id in failed or entry[1] & bad_blocks):
+                continue
+            if req_id in self._requests:
+                self._load_failed.add(req_id)
+                self._saved[req_id] = entry[0]
+
+    def page_keys(self, request: Any, num_pages: int, rank: int = 0) -> list[str]:
+        """The store keys of the request's first ``num_pages`` pages on ``rank``, group after
+        group (for tools and benchmarks; the hot path builds them per lookup)."""
+        hashes = self._page_hashes(request, num_pages)
+        salt = request.cache_salt or ""
+        return [k for g in self._layouts for k in self._scheme.keys(g, hashes, rank, salt)]
+
+    def _save_job(self, request: Any, block_ids: Sequence[Sequence[int]], end_tokens: int,
+                  finishing: bool) -> PageJob | None:  # fmt: skip
+        req_id = request.request_id
+        start = self._saved.get(req_id, 0)
+        end = end_tokens // self._block_size
+        if end <= start:
+            return None
+        hashes = self._page_hashes(request, end)[start:]
+        self._saved[req_id] = start + len(hashes)
+        if not hashes:
+            return None
+        job = self._job(request, block_ids, start, hashes, finishing=finishing)
+        return job if job.num_pages else None
+
+    def _job(self, request: Any, block_ids: Sequence[Sequence[int]], start: int,
+             hashes: list[str], *, finishing: bool) -> PageJob:  # fmt: skip
+        groups = []
+        null = self._null_block_id
+        for g in self._layouts:
+            ids = block_ids[g.group_id][start : start + len(hashes)]
+            pairs = [(b, h) for b, h in zip(ids, hashes) if b != null]
+            groups.append(GroupPages(
+                group_id=g.group_id, block_ids=tuple(b for b, _ in pairs),
+                hashes=tuple(h for _, h in pairs),
+            ))  # fmt: skip
+        return PageJob(req_id=request.request_id, groups=tuple(groups),
+                       cache_salt=request.cache_salt or "", finishing=finishing)
+
+    def _page_hashes(self, request: Any, num_pages: int) -> list[str]:
+        """The request's first ``num_pages`` page hashes (fewer if not hashed yet).
+
+        Token chains are cached per request and extended; vLLM hashes are read fresh (vLLM
+        may rehash a resumed streaming request)."""
+        if self._scheme.scheme == "vllm":
+            return self._scheme.page_hashes(request, self._block_size, num_pages) or []
+        known = self._hashes.get(request.request_id, [])
+        if len(known) >= num_pages:
+            return known[:num_pages]
+        hashes = self._scheme.page_hashes(request, self._block_size, num_pages, known)
+        if hashes is None:
+            return []
+        self._hashes[request.request_id] = hashes
+        return hashes
+
+    def _presence(self, present: Sequence[bool], rank: int, num_pages: int) -> list[PoolPresence]:
+        base = rank * len(self._layouts) * num_pages
+        out = []
+        for i, g in enumerate(self._layouts):
+            flags = tuple(present[base + i * num_pages : base + (i + 1) * num_pages])
+            trailing = g.window_pages > 0
+            out.append(PoolPresence(
+                name=g.pool,
+                hit_policy=PoolHitPolicy.TRAILING_PAGES if trailing else PoolHitPolicy.ALL_PAGES,
+                present=flags, window_pages=g.window_pages,
+            ))  # fmt: skip
+        return out

@@ -1,0 +1,303 @@
+"""Nodes of a CPU "cluster" for the vLLM connector tests: vLLM's real ``Scheduler`` and
+``KVCacheManager`` with ``RadixlinkConnector`` (built by vLLM from the kv-transfer config) on the
+scheduler side, worker-role connectors over CPU KV tensors, and a stand-in forward pass.
+
+The forward pass writes, for every scheduled token, KV that depends on the token's whole
+prefix, its layer and its TP rank (``expected_kv``), and before writing it checks that the KV
+every scheduled token would attend to equals that function: so a page loaded into the wrong
+block, from the wrong rank or layer, or a corrupt page that slipped through, fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from vllm import SamplingParams
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+)
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+from radixlink.integrations.vllm import RadixlinkConnector
+
+BLOCK = 16
+HEADS = 2
+HEAD_SIZE = 8
+WINDOW = 40  # sliding window of the hybrid layout, tokens (3 pages of 16 for the next token)
+FULL_LAYERS = ("model.layers.0.attn", "model.layers.1.attn")
+SWA_LAYERS = ("model.layers.2.attn", "model.layers.3.attn")
+
+init_none_hash(sha256)
+
+
+def write_model_dir(path: Path) -> str:
+    """A local model directory holding only a small Llama ``config.json`` (no hub, no weights)."""
+    path.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32,
+        "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": HEADS,
+        "head_dim": HEAD_SIZE, "num_hidden_layers": 4, "vocab_size": 1024,
+        "max_position_embeddings": 4096, "torch_dtype": "float32", "rms_norm_eps": 1e-5,
+        "bos_token_id": 1, "eos_token_id": 2,
+    }  # fmt: skip
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+def kv_cache_config(num_blocks: int, hybrid: bool) -> KVCacheConfig:
+    """One full-attention group, plus a sliding-window group when ``hybrid``."""
+    spec = dict(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD_SIZE, dtype=torch.float32)
+    groups = [KVCacheGroupSpec(list(FULL_LAYERS), FullAttentionSpec(**spec))]
+    if hybrid:
+        groups.append(KVCacheGroupSpec(list(SWA_LAYERS),
+                                       SlidingWindowSpec(**spec, sliding_window=WINDOW)))
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+def vllm_config(model_dir: str, extra: dict[str, Any], *, hybrid: bool = False, tp_size: int = 1,
+                rank: int = 0, max_batched: int = 256, hash_algo: str = "sha256") -> VllmConfig:
+    """A CPU ``VllmConfig`` whose kv-transfer config loads RadixlinkConnector by module path."""
+    model = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32", seed=0,
+                        max_model_len=2048)
+    sched = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=max_batched,
+                            max_model_len=2048, enable_chunked_prefill=True,
+                            is_encoder_decoder=False)
+    cache = CacheConfig(block_size=BLOCK, enable_prefix_caching=True,
+                        prefix_caching_hash_algo=hash_algo)
+    cache.kv_cache_layout = "LBNHC"  # NOTE: the engine core resolves this before connectors
+    transfer = KVTransferConfig(
+        kv_connector="RadixlinkConnector", kv_connector_module_path="radixlink.integrations.vllm",
+        kv_role="kv_both", kv_load_failure_policy="recompute", kv_connector_extra_config=extra,
+    )  # fmt: skip
+    config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
+                        kv_transfer_config=transfer, device_config=DeviceConfig("cpu"),
+                        parallel_config=ParallelConfig(tensor_parallel_size=tp_size))
+    config.parallel_config.rank = rank
+    # NOTE: VllmConfig turns the hybrid manager off on CPU platforms; a GPU keeps it on, and
+    # then vLLM's connector factory accepts only SupportsHMA connectors. Mirror the GPU.
+    config.scheduler_config.disable_hybrid_kv_cache_manager = not hybrid
+    return config
+
+
+def prefix_codes(tokens: Sequence[int]) -> torch.Tensor:
+    """One float per position that depends on every token up to it (and its position)."""
+    t = torch.tensor(tokens, dtype=torch.float64)
+    pos = torch.arange(1, len(tokens) + 1, dtype=torch.float64)
+    return torch.remainder(torch.cumsum(t * pos, 0), 1_000_003.0)
+
+
+def expected_kv(codes: torch.Tensor, layer: int, rank: int) -> torch.Tensor:
+    """The KV ``[len(codes), HEADS, 2 * HEAD_SIZE]`` the stand-in model computes."""
+    lanes = torch.arange(1, HEADS * 2 * HEAD_SIZE + 1, dtype=torch.float64)
+    vals = torch.sin(codes[:, None] * 1e-3 * lanes + 0.37 * layer + 0.91 * rank)
+    return vals.to(torch.float32).view(len(codes), HEADS, 2 * HEAD_SIZE)
+
+
+def next_token(tokens: Sequence[int]) -> int:
+    return int(prefix_codes(tokens)[-1].item()) % 1000 + 3
+
+
+@dataclass
+class Node:
+    """One vLLM instance: a scheduler and ``tp_size`` workers, sharing a store with others."""
+
+    model_dir: str
+    store_url: str
+    hybrid: bool = False
+    tp_size: int = 1
+    num_blocks: int = 64
+    max_batched: int = 256
+    extra: dict[str, Any] = field(default_factory=dict)
+    hash_algo: str = "sha256"
+    checked_tokens: int = 0
+    preemptions: int = 0
+    steps: int = 0
+
+    def __post_init__(self) -> None:
+        extra = {"store": self.store_url, **self.extra}
+        configs = [vllm_config(self.model_dir, extra, hybrid=self.hybrid, tp_size=self.tp_size,
+                               rank=r, max_batched=self.max_batched, hash_algo=self.hash_algo)
+                   for r in range(self.tp_size)]  # fmt: skip
+        self.kv_config = kv_cache_config(self.num_blocks, self.hybrid)
+        configs[0].cache_config.num_gpu_blocks = self.num_blocks
+        self.scheduler = Scheduler(
+            vllm_config=configs[0], kv_cache_config=self.kv_config,
+            structured_output_manager=StructuredOutputManager(configs[0]), block_size=BLOCK,
+        )  # fmt: skip
+        self.workers: list[RadixlinkConnector] = []
+        self.kv: list[dict[str, torch.Tensor]] = []
+        for config in configs:
+            worker = RadixlinkConnector(config, KVConnectorRole.WORKER, self.kv_config)
+            caches = {name: _layer_tensor(self.num_blocks) for name in self.layer_names}
+            worker.register_kv_caches(caches)
+            self.workers.append(worker)
+            self.kv.append(caches)
+        self.aggregator = KVOutputAggregator(expected_finished_count=self.tp_size)
+
+    @property
+    def layer_names(self) -> tuple[str, ...]:
+        return FULL_LAYERS + (SWA_LAYERS if self.hybrid else ())
+
+    @property
+    def connector(self) -> RadixlinkConnector:
+        """The scheduler-role connector vLLM built."""
+        connector = self.scheduler.get_kv_connector()
+        assert isinstance(connector, RadixlinkConnector)
+        return connector
+
+    def add(self, req_id: str, tokens: Sequence[int], max_tokens: int = 4) -> Request:
+        request = Request(
+            request_id=req_id, prompt_token_ids=list(tokens),
+            sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+            pooling_params=None, block_hasher=get_request_block_hasher(BLOCK, sha256),
+        )  # fmt: skip
+        self.scheduler.add_request(request)
+        return request
+
+    def step(self) -> Any:
+        """One engine step: schedule, worker connector hooks around the stand-in forward,
+        outputs aggregated over ranks with vLLM's KVOutputAggregator, update_from_output."""
+        out = self.scheduler.schedule()
+        self.steps += 1
+        self.preemptions += len(out.preempted_req_ids or ())
+        runs = self._scheduled(out)
+        outputs = []
+        for rank, worker in enumerate(self.workers):
+            worker.bind_connector_metadata(out.kv_connector_metadata)
+            worker.start_load_kv(None)  # type: ignore[arg-type]
+            for req_id, start, count in runs:
+                self._forward(rank, req_id, start, count)
+            worker.wait_for_save()
+            results = worker.get_transfer_results(out.finished_req_ids)
+            kv_out = KVConnectorOutput(
+                finished_sending=results.finished_sending or None,
+                finished_recving=results.finished_recving or None,
+                failed_recving=results.failed_recving,
+                invalid_block_ids=worker.get_block_ids_with_load_errors(),
+            )  # fmt: skip
+            worker.clear_connector_metadata()
+            outputs.append(self._runner_output(runs, kv_out))
+        merged = self.aggregator.aggregate(outputs)
+        self.scheduler.update_from_output(out, merged)
+        return out
+
+    def run(self, max_steps: int = 200) -> None:
+        """Step until every request finished and every transfer was reported."""
+        for _ in range(max_steps):
+            if not self.scheduler.has_unfinished_requests() and not self.scheduler.requests:
+                return
+            self.step()
+            self.wait_io()
+        raise AssertionError(f"requests still running after {max_steps} steps")
+
+    def wait_io(self) -> None:
+        for worker in self.workers:
+            assert worker.worker.flush(timeout=30), "worker transfers did not finish"
+
+    def close(self) -> None:
+        self.wait_io()
+        for worker in self.workers:
+            worker.shutdown()
+        self.scheduler.shutdown()
+
+    def assert_no_leak(self) -> None:
+        """vLLM's pool holds every block again (the connector held none past its save)."""
+        pool = self.scheduler.kv_cache_manager.block_pool
+        assert pool.get_num_free_blocks() == self.num_blocks - 1  # the null block is never free
+        assert not self.scheduler.requests
+
+    def _scheduled(self, out: Any) -> list[tuple[str, int, int]]:
+        runs = [(r.req_id, r.num_computed_tokens, out.num_scheduled_tokens[r.req_id])
+                for r in out.scheduled_new_reqs]  # fmt: skip
+        cached = out.scheduled_cached_reqs
+        runs += [(req_id, cached.num_computed_tokens[i], out.num_scheduled_tokens[req_id])
+                 for i, req_id in enumerate(cached.req_ids)]  # fmt: skip
+        return runs
+
+    def _forward(self, rank: int, req_id: str, start: int, count: int) -> None:
+        """Check the KV the scheduled tokens attend to, then write theirs."""
+        request = self.scheduler.requests[req_id]
+        tokens = request.all_token_ids[: start + count]
+        codes = prefix_codes(tokens)
+        tables = self.scheduler.kv_cache_manager.get_block_ids(req_id)
+        for gid, names in enumerate(self._groups()):
+            low = 0 if gid == 0 else max(0, start - WINDOW + 1)
+            for layer_index, name in enumerate(names):
+                layer = self._layer_number(name)
+                cache = self.kv[rank][name]
+                if start > low:
+                    got = _read(cache, tables[gid], low, start)
+                    want = expected_kv(codes[low:start], layer, rank)
+                    assert torch.equal(got, want), (
+                        f"{req_id}: KV of tokens {low}..{start} (group {gid}, {name}, rank "
+                        f"{rank}) differs from what the storing node computed"
+                    )
+                    self.checked_tokens += start - low if layer_index == 0 else 0
+                _write(cache, tables[gid], start, expected_kv(codes[start:], layer, rank))
+
+    def _groups(self) -> list[tuple[str, ...]]:
+        return [FULL_LAYERS, SWA_LAYERS] if self.hybrid else [FULL_LAYERS]
+
+    def _layer_number(self, name: str) -> int:
+        return self.layer_names.index(name)
+
+    def _runner_output(self, runs: list[tuple[str, int, int]],
+                       kv_out: KVConnectorOutput) -> ModelRunnerOutput:  # fmt: skip
+        req_ids = [req_id for req_id, _, _ in runs]
+        sampled = []
+        for req_id, start, count in runs:
+            request = self.scheduler.requests[req_id]
+            done = start + count >= request.num_tokens
+            sampled.append([next_token(request.all_token_ids)] if done else [])
+        return ModelRunnerOutput(
+            req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
+            pooler_output=None, kv_connector_output=kv_out,
+        )  # fmt: skip
+
+
+def _layer_tensor(num_blocks: int) -> torch.Tensor:
+    """A layer's KV in vLLM's LBNHC layout: logical ``[B, H, N, C]``, physically [B, N, H, C]."""
+    physical = torch.full((num_blocks, BLOCK, HEADS, 2 * HEAD_SIZE), float("nan"))
+    return physical.permute(0, 2, 1, 3)
+
+
+def _slots(table: Sequence[int], start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    pos = torch.arange(start, end)
+    blocks = torch.tensor(table, dtype=torch.int64)[pos // BLOCK]
+    assert bool((blocks != 0).all()), f"tokens {start}..{end} map to vLLM's null block"
+    return blocks, pos % BLOCK
+
+
+def _read(cache: torch.Tensor, table: Sequence[int], start: int, end: int) -> torch.Tensor:
+    blocks, offsets = _slots(table, start, end)
+    return cache[blocks, :, offsets]  # [n, H, C]
+
+
+def _write(cache: torch.Tensor, table: Sequence[int], start: int, kv: torch.Tensor) -> None:
+    blocks, offsets = _slots(table, start, start + len(kv))
+    cache[blocks, :, offsets] = kv

@@ -1,0 +1,102 @@
+"""Load failures under vLLM's ``recompute`` policy: a corrupt page, a store that dies mid-load
+and a dead store all end with every token's KV equal to what the storing node computed."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import VLLM_MISSING  # noqa: E402, I001
+
+pytest.importorskip("vllm", reason=VLLM_MISSING)
+
+from radixlink.stores import open_store  # noqa: E402
+
+from .conftest import faults_url  # noqa: E402
+from .harness import Node  # noqa: E402
+from .test_round_trip import _first_run, _prompt  # noqa: E402
+
+
+def _store_one(nodes, model_dir, url, prompt) -> Node:
+    node = nodes(model_dir, url)
+    node.add("a", prompt)
+    node.run()
+    return node
+
+
+def _flip_payload_byte(url: str, key: str) -> None:
+    with open_store(url) as store:
+        blob = bytearray(store.get([key])[0])
+        blob[-1] ^= 0xFF
+        assert store.put({key: bytes(blob)}) == [True]
+
+
+def _page_keys(url: str) -> list[str]:
+    with open_store(url) as store:
+        return sorted(key for key, _ in store.scan(""))
+
+
+@pytest.mark.parametrize("kind", ["file", "redis"])
+def test_corrupt_page_is_a_load_error_then_recomputed_and_healed(nodes, model_dir, file_url,
+                                                                 kind, request):
+    """One flipped byte in a stored page: node 2 keeps the verified pages before it, vLLM
+    recomputes from that page, and the page is replaced in the store by a good one."""
+    url = file_url if kind == "file" else request.getfixturevalue("redis_url")
+    prompt = _prompt(30, 100)
+    _store_one(nodes, model_dir, url, prompt)
+    node2 = nodes(model_dir, url)
+    req = node2.add("b", prompt)
+    hashes = [bytes(h).hex() for h in req.block_hashes]
+    bad = next(k for k in _page_keys(url) if hashes[3] in k)
+    _flip_payload_byte(url, bad)
+    assert _first_run(node2, "b") == (48, 52)  # pages 0..2 loaded, 3.. recomputed
+    node2.run()
+    assert node2.workers[0].worker.stats["failed_loads"] == 1
+    node2.assert_no_leak()
+    node3 = nodes(model_dir, url)  # the healed page loads
+    node3.add("c", prompt)
+    assert _first_run(node3, "c") == (96, 4)
+    node3.run()
+
+
+def test_every_page_corrupted_by_the_store_is_recomputed(nodes, model_dir, file_url):
+    """faults:// corrupting every page read: nothing is loaded, all 100 tokens are computed."""
+    prompt = _prompt(31, 100)
+    _store_one(nodes, model_dir, file_url, prompt)
+    node2 = nodes(model_dir, faults_url(file_url, corrupt=1, ops="get"))
+    node2.add("b", prompt)
+    assert _first_run(node2, "b") == (0, 100)
+    node2.run()
+    assert node2.workers[0].worker.stats["loaded_pages"] == 0
+    node2.assert_no_leak()
+
+
+def test_store_dying_mid_load_recomputes(nodes, model_dir, file_url):
+    """Lookup finds the pages, then every get fails (faults://, ops=get, fail=1): the whole
+    load is a load error and vLLM recomputes the prompt."""
+    prompt = _prompt(32, 100)
+    _store_one(nodes, model_dir, file_url, prompt)
+    node2 = nodes(model_dir, faults_url(file_url, fail=1, ops="get"))
+    node2.add("b", prompt)
+    out = node2.step()
+    assert out.num_scheduled_tokens == {}  # the async load was started
+    node2.wait_io()
+    assert _first_run(node2, "b") == (0, 100)
+    node2.run()
+    node2.assert_no_leak()
+
+
+def test_dead_redis_is_a_miss_not_an_error(nodes, model_dir, redis_server):
+    """A Redis that was killed before the lookup: no hit, no crash, correct KV."""
+    url = redis_server.url
+    node1 = _store_one(nodes, model_dir, url, _prompt(33, 100))
+    node2 = nodes(model_dir, url)
+    redis_server.kill()
+    try:
+        node2.add("b", _prompt(33, 100))
+        assert _first_run(node2, "b") == (0, 100)
+        node2.run()
+        node2.assert_no_leak()
+    finally:
+        redis_server.start()
+    assert node1.scheduler.get_kv_connector().scheduler_side.num_store_errors == 0
+    assert node2.connector.scheduler_side.num_store_errors >= 1
