@@ -27,6 +27,7 @@ BENCHES: dict[str, str] = {
     "peers": "radixlink.bench.peers",
     "store": "radixlink.bench.store",
     "trace": "radixlink.bench.trace",
+    "cluster": "radixlink.bench.cluster",
     "e2e": "radixlink.bench.e2e",
     "all": "radixlink.bench.all",
 }

@@ -82,6 +82,12 @@ def plan(out: Path, quick: bool, trace: Path | None, store_dir: Path) -> list[Ru
     if q:
         trace_argv += ["--limit", "3000"]
     runs.append(Run("trace", "radixlink.bench.trace", trace_argv, j("trace"), note=note))
+    # NOTE: the synthetic trace (100 req/s of short prompts) needs slower rates than the real one
+    scales = "3,4,5" if not note else "0.5,1,1.5"
+    runs.append(Run("cluster", "radixlink.bench.cluster",
+                    ["--trace", str(trace), "--limit", "1500" if q else "3000", "--rate-scale",
+                     scales, "--json", str(j("cluster")), "--plot", str(out / "cluster")],
+                    j("cluster"), note=note))
     if importlib.util.find_spec("radixlink.bench.e2e") is not None:
         size = ["--conversations", "2", "--turns", "2"] if q else []
         runs.append(Run("e2e", "radixlink.bench.e2e", [*size, "--json", str(j("e2e")),
@@ -147,6 +153,9 @@ def _generic(d: dict[str, Any]) -> list[dict[str, Any]]:
 
 SUMMARIES: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
     "tree": _tree, "trace": _trace,
+    "cluster": lambda d: _pick(d.get("results", []), {k: k for k in (
+        "rate_scale", "req_per_s", "policy", "ttft_p50_s", "ttft_p99_s", "slo_attainment",
+        "goodput_rps", "prefill_saved", "store_only_p99_s")}),
     "memory": lambda d: _pick(d.get("rows", []), {k: k for k in (
         "page_size", "gather_GBps", "copy_out_GBps", "gather_ratio", "scatter_GBps",
         "copy_in_GBps", "scatter_ratio")}),

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 from urllib.parse import quote
 
@@ -110,24 +110,56 @@ def ttft_ratio(on: Records, off: Records) -> tuple[int, float, float]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="radixlink demo", description=__doc__)
-    p.add_argument("--nodes", type=int, default=2, help="engine processes (default 2)")
+    from radixlink.cli import CommandParser, int_at_least
+
+    p = CommandParser(prog="radixlink demo", description=__doc__)
+    positive = int_at_least(1)
+    p.add_argument("--nodes", type=positive, default=2, help="engine processes (default 2)")
     p.add_argument("--store", default=None, help="shared store URL (default: a fresh "
                    "directory store in a temp dir), e.g. redis://localhost:6379/0")
     p.add_argument("--model", choices=MODEL_NAMES, default="smollm2-135m")
-    p.add_argument("--conversations", type=int, default=4)
-    p.add_argument("--turns", type=int, default=3, help="user turns per conversation")
-    p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--context-tokens", type=int, default=1100,
+    p.add_argument("--conversations", type=positive, default=4)
+    p.add_argument("--turns", type=positive, default=3, help="user turns per conversation")
+    p.add_argument("--max-new-tokens", type=positive, default=16)
+    p.add_argument("--context-tokens", type=positive, default=1100,
                    help="reference text in each shared system prompt (tokens)")
-    p.add_argument("--system-prompts", type=int, default=2)
+    p.add_argument("--system-prompts", type=positive, default=2)
     p.add_argument("--faults", default=None, metavar="SPEC",
                    help="wrap the store in faults://, e.g. fail=0.2,corrupt=0.05,delay_ms=20")
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--device-tokens", type=int, default=16384, help="device pool per node")
-    p.add_argument("--threads", type=int, default=0, help="torch threads per node "
+    p.add_argument("--page-size", type=positive, default=16)
+    p.add_argument("--device-tokens", type=positive, default=16384,
+                   help="device pool per node")
+    p.add_argument("--threads", type=int_at_least(0), default=0, help="torch threads per node "
                    "(default: cores / nodes)")
+    from radixlink.routing.policies import POLICIES
+
+    p.add_argument("--route", choices=list(POLICIES), default=None, metavar="POLICY",
+                   help="a router process picks each turn's node by this policy (one of "
+                   f"{', '.join(POLICIES)}); default: turn k+1 goes to another node")
     return p
+
+
+def _router(args: argparse.Namespace) -> AbstractContextManager[Any]:
+    """A router process for ``--route`` (nothing without it)."""
+    if args.route is None:
+        return nullcontext(None)
+    from radixlink.routing.process import RouterProcess
+
+    return RouterProcess(args.route, args.nodes, max_new_tokens=args.max_new_tokens)
+
+
+def _check_store(url: str) -> None:
+    """Open the store once in the coordinator, so that a bad URL or an unreachable server is
+    one clear error here rather than a failure inside every node process.
+
+    Raises:
+        ValueError: a bad URL. StoreError: the store is unreachable.
+    """
+    from radixlink.contract import PoolName
+    from radixlink.stores import open_store, page_key
+
+    with open_store(url) as store:
+        store.exists([page_key("", "0" * 64, PoolName.KV)])  # one round trip (Redis)
 
 
 def _report(args: argparse.Namespace, on: Records, off: Records,
@@ -146,8 +178,7 @@ def _report(args: argparse.Namespace, on: Records, off: Records,
               f" / cache on {on_ttft:.3f} s = {off_ttft / on_ttft:.1f}x lower")
     else:
         print(f"no follow-up turn reused over {LONG_PREFIX} tokens from the store (short "
-              "contexts, store faults, or a hybrid model: the linker does not move SWA/Mamba "
-              "state yet)")
+              "contexts, or store faults)")
     same = sum(1 for k, r in off.items()
                if k in on and on[k].result.output_ids == r.result.output_ids)
     print(f"outputs identical to cache-off run: {same}/{len(off)} requests")
@@ -155,6 +186,11 @@ def _report(args: argparse.Namespace, on: Records, off: Records,
 
 
 def main(argv: list[str]) -> int:
+    """Entry point of ``radixlink demo``; returns the exit status (1: outputs differ).
+
+    Raises:
+        ValueError: bad arguments (the CLI prints one line and exits 2).
+    """
     args = _parser().parse_args(argv)
     if args.model == "smollm2-135m":
         from radixlink.engine.weights import smollm2_gguf_path
@@ -170,27 +206,39 @@ def main(argv: list[str]) -> int:
     try:
         urls = tuple(faults_url(store, args.faults, seed=i) if args.faults else store
                      for i in range(args.nodes))
+        _check_store(store)  # NOTE: the inner URL: injected faults must not fail the check
         workload = WorkloadSpec(num_conversations=args.conversations, num_turns=args.turns,
                                 num_system_prompts=args.system_prompts,
                                 context_tokens=args.context_tokens)
         threads = args.threads or max(1, (os.cpu_count() or 1) // args.nodes)
         settings = NodeSettings(model=args.model, workload=workload, store_urls=urls,
                                 num_tokens=args.device_tokens, page_size=args.page_size,
-                                num_threads=threads)
+                                num_threads=threads, kv_events=args.route is not None)
         print(f"radixlink demo: {args.nodes} nodes x {threads} threads, model {args.model}, "
               f"store {urls[0]}")
         print(f"workload: {args.conversations} conversations x {args.turns} turns, "
               f"{args.system_prompts} shared system prompts of ~{args.context_tokens} tokens, "
-              f"{args.max_new_tokens} new tokens per turn; turn k+1 goes to another node\n")
+              f"{args.max_new_tokens} new tokens per turn; " + (
+                  f"routed by a {args.route} router process\n" if args.route
+                  else "turn k+1 goes to another node\n"))
         num = args.conversations * args.turns
-        with NodePool(settings, args.nodes) as pool:
+        with NodePool(settings, args.nodes) as pool, _router(args) as router:
             results: dict[str, tuple[Records, dict[int, dict[str, Any]]]] = {}
             for mode, desc in (("store", "cache on (shared store)"), ("off", "cache off")):
                 with progress(num, desc) as update:
-                    results[mode] = pool.run(mode, args.max_new_tokens, update)
+                    results[mode] = pool.run(mode, args.max_new_tokens, update,
+                                             router=router if mode == "store" else None)
+            routed = router.summary() if router is not None else None
         print(f"model load + warm-up per node: {', '.join(f'{s:.1f} s' for s in pool.load_s)}; "
               f"demo wall time {time.perf_counter() - start:.1f} s\n")
         stats = {mode: value[1] for mode, value in results.items()}
+        if routed is not None:
+            from radixlink.routing.process import routed_summary
+
+            print_table(f"cache on, routed by {args.route} (TTFT +queue: with the wait on "
+                        "the node)", [routed_summary(args.route, list(results["store"][0]
+                                                                        .values()))])
+            print(f"router: {routed}\n")
         return _report(args, results["store"][0], results["off"][0], stats)
     finally:
         if tmp is not None:

@@ -11,7 +11,7 @@ import multiprocessing as mp
 import queue
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from radixlink.engine.engine import RequestResult
@@ -33,6 +33,7 @@ class NodeSettings:
         num_tokens: device pool slots per node.
         page_size: tokens per page.
         num_threads: torch threads per node.
+        kv_events: caches emit KV events, returned with each turn (for a router).
     """
 
     model: str | ModelSpec
@@ -41,11 +42,14 @@ class NodeSettings:
     num_tokens: int = 16384
     page_size: int = 16
     num_threads: int = 1
+    kv_events: bool = False
 
 
 @dataclass(slots=True, kw_only=True)
 class TurnRecord:
-    """One served turn: where it ran, its prompt and the engine's record."""
+    """One served turn: where it ran, its prompt and the engine's record; with
+    ``NodeSettings.kv_events``, the cache's KV events since the previous turn, and the time the
+    turn waited on its node behind earlier turns of the same batch."""
 
     node: int
     conv_id: int
@@ -53,6 +57,8 @@ class TurnRecord:
     prompt_ids: list[int]
     result: RequestResult
     reply: str = ""
+    kv_events: list[Any] = field(default_factory=list)
+    wait_s: float = 0.0
 
 
 def _build_engine(settings: NodeSettings, node: int, mode: str, model: Any, tok: Any) -> Any:
@@ -66,16 +72,44 @@ def _build_engine(settings: NodeSettings, node: int, mode: str, model: Any, tok:
     if mode == "off":
         return Engine(model, tok, NoPrefixCache(config))
     cache = UnifiedCache(config)
+    if settings.kv_events:
+        from radixlink.metrics import KVEventQueue
+
+        cache.enable_kv_events(KVEventQueue(node_id=str(node)))
     linker = ExternalCacheLinker(cache, settings.store_urls[node]) if mode == "store" else None
     return Engine(model, tok, cache, linker)
+
+
+WARM_UP_PROMPT = 32  # tokens
+WARM_UP_NEW = 2
 
 
 def _warm_up(settings: NodeSettings, model: Any, tok: Any) -> None:
     """One short request on a throwaway cache-off engine (first calls pay one-time setup)."""
     from dataclasses import replace
 
-    small = replace(settings, num_tokens=4 * settings.page_size)
-    _build_engine(small, 0, "off", model, tok).generate(list(range(1, 33)), 2)
+    # NOTE: the pool must hold the whole request whatever the page size (4 pages of 4 or 8
+    # tokens did not: the demo failed in warm-up at --page-size 4 and 8), plus one page.
+    need = WARM_UP_PROMPT + WARM_UP_NEW + settings.page_size
+    pages = -(-need // settings.page_size)
+    small = replace(settings, num_tokens=max(4, pages) * settings.page_size)
+    _build_engine(small, 0, "off", model, tok).generate(list(range(1, WARM_UP_PROMPT + 1)),
+                                                        WARM_UP_NEW)
+
+
+def _drain(cache: Any) -> list[Any]:
+    """The cache's KV events since the last call (none when events are off)."""
+    events = getattr(cache, "kv_events", None)
+    return events.drain() if events is not None else []
+
+
+def _cache_facts(cache: Any) -> dict[str, Any] | None:
+    """What a router needs to hash prompts as this cache does (None when events are off)."""
+    if getattr(cache, "kv_events", None) is None or cache.config.kv_layout is None:
+        return None
+    config = cache.config
+    return {"namespace": config.namespace, "page_size": config.page_size,
+            "bytes_per_token": config.kv_layout.token_bytes, "hash_algo": config.hash_algo}
 
 
 def _node_main(settings: NodeSettings, node: int, inbox: Any, outbox: Any) -> None:
@@ -109,16 +143,20 @@ def _node_main(settings: NodeSettings, node: int, inbox: Any, outbox: Any) -> No
             msg = inbox.get()
             if msg[0] == "begin":
                 engine = _build_engine(settings, node, msg[1], model, tok)
-                outbox.put(("begun", node, None))
+                outbox.put(("begun", node, _cache_facts(engine.cache)))
             elif msg[0] == "run":
+                received = time.perf_counter()
                 for conv_id, turn, history in msg[1]:
                     prompt = turn_prompt(tok, convs[conv_id], turn, history)
+                    wait = time.perf_counter() - received
                     res = engine.generate(prompt, msg[2], req_id=f"{node}:{conv_id}:{turn}")
                     outbox.put(("done", node, TurnRecord(node=node, conv_id=conv_id, turn=turn,
                                                          prompt_ids=prompt, result=res,
-                                                         reply=tok.decode(res.output_ids))))
+                                                         reply=tok.decode(res.output_ids),
+                                                         kv_events=_drain(engine.cache),
+                                                         wait_s=wait)))
                 engine.flush()  # NOTE: the next round's other node must find these pages
-                outbox.put(("ran", node, None))
+                outbox.put(("ran", node, _drain(engine.cache)))
             elif msg[0] == "end":
                 stats = engine.stats()
                 if engine.linker is not None:
@@ -192,9 +230,13 @@ class NodePool:
         return replies
 
     def run(self, mode: str, max_new_tokens: int,
-            on_done: Callable[[TurnRecord], None] | None = None,
+            on_done: Callable[[TurnRecord], None] | None = None, router: Any = None,
             ) -> tuple[dict[tuple[int, int], TurnRecord], dict[int, dict[str, Any]]]:
         """Replay the workload in ``mode`` ("off", "device" or "store"), round by round.
+
+        ``router`` (a ``radixlink.routing.process.RouterProcess``; needs
+        ``NodeSettings.kv_events``) picks each turn's node instead of the fixed schedule and is
+        told every finished turn and the nodes' KV events.
 
         Returns:
             (records by (conv_id, turn), engine stats by node).
@@ -206,11 +248,15 @@ class NodePool:
         nodes = range(self.num_nodes)
         for q in self._inboxes:
             q.put(("begin", mode))
-        self._collect("begun", nodes)
+        facts = self._collect("begun", nodes)
+        if router is not None:
+            router.begin(facts[0])
         records: dict[tuple[int, int], TurnRecord] = {}
 
         def done(rec: TurnRecord) -> None:
             records[(rec.conv_id, rec.turn)] = rec
+            if router is not None:
+                router.done((rec.conv_id, rec.turn), rec.result, rec.kv_events)
             if on_done is not None:
                 on_done(rec)
 
@@ -220,10 +266,15 @@ class NodePool:
             for node, conv_id, turn in turns:
                 prev = records.get((conv_id, turn - 1))
                 history = [] if prev is None else prev.prompt_ids + prev.result.output_ids
+                if router is not None:
+                    node = router.route((conv_id, turn), history)
                 jobs.setdefault(node, []).append((conv_id, turn, history))
             for node, batch in jobs.items():
                 self._inboxes[node].put(("run", batch, max_new_tokens))
-            self._collect("ran", jobs, done)
+            ran = self._collect("ran", jobs, done)
+            if router is not None:  # offloads that landed during the flush
+                for events in ran.values():
+                    router.ingest(events or [])
         for q in self._inboxes:
             q.put(("end",))
         return records, self._collect("ended", nodes)

@@ -1,0 +1,93 @@
+"""The router's view of the cluster's caches: which node's device holds which page hashes, and
+which pages the shared store holds, kept from the nodes' KV events (radixlink.metrics).
+
+Owns that index and the prefix queries on it. Must not read a cache, a linker or a store.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from radixlink.metrics import KVEvent, KVEventKind, Tier
+
+
+class PrefixIndex:
+    """Page hash -> holders. Device holders are kept as one bitmask per page (bit i = node i),
+    so a prefix query over all nodes is one pass over the request's pages.
+
+    Events name their node by ``KVEvent.node_id`` (the ``node_id`` of the emitting
+    ``KVEventQueue``); the index maps ids to positions in ``node_ids``. Store events (emitted
+    by any node's linker on offload) keep a set of pages the store holds. A store's own LRU
+    evictions emit no events: a router that must not over-estimate the store asks the store
+    instead (``Router(store_prefix=...)``).
+
+    Args:
+        node_ids: the nodes, in position order.
+    """
+
+    def __init__(self, node_ids: Sequence[str]):
+        if not node_ids or len(set(node_ids)) != len(node_ids):
+            raise ValueError(f"node_ids must be non-empty and distinct, got {list(node_ids)}")
+        self.node_ids = tuple(str(n) for n in node_ids)
+        self._bit = {n: 1 << i for i, n in enumerate(self.node_ids)}
+        self._all = (1 << len(self.node_ids)) - 1
+        self._device: dict[str, int] = {}
+        self._store: set[str] = set()
+        self._counts: Counter[str] = Counter()
+
+    def apply(self, events: Iterable[KVEvent]) -> None:
+        """Fold events in, in emit order. Events of unknown nodes and HOST events are counted
+        and skipped."""
+        device, counts = self._device, self._counts
+        for event in events:
+            counts["events"] += 1
+            if event.tier is Tier.STORE:
+                if event.kind is KVEventKind.STORED:
+                    self._store.update(event.page_hashes)
+                else:
+                    self._store.difference_update(event.page_hashes)
+                continue
+            bit = self._bit.get(event.node_id)
+            if bit is None or event.tier is not Tier.DEVICE:
+                counts["skipped"] += 1
+                continue
+            if event.kind is KVEventKind.STORED:
+                for h in event.page_hashes:
+                    device[h] = device.get(h, 0) | bit
+            else:
+                for h in event.page_hashes:
+                    left = device.get(h, 0) & ~bit
+                    if left:
+                        device[h] = left
+                    else:
+                        device.pop(h, None)
+
+    def device_prefix_pages(self, hashes: Sequence[str]) -> list[int]:
+        """Per node (in ``node_ids`` order), how many leading pages of ``hashes`` its device
+        holds."""
+        out = [len(hashes)] * len(self.node_ids)
+        alive, device = self._all, self._device
+        for i, h in enumerate(hashes):
+            held = device.get(h, 0)
+            gone = alive & ~held
+            while gone:
+                low = gone & -gone
+                out[low.bit_length() - 1] = i
+                gone ^= low
+            alive &= held
+            if not alive:
+                break
+        return out
+
+    def store_prefix_pages(self, hashes: Sequence[str]) -> int:
+        """How many leading pages of ``hashes`` the store holds, by its events."""
+        for i, h in enumerate(hashes):
+            if h not in self._store:
+                return i
+        return len(hashes)
+
+    def stats(self) -> dict[str, int]:
+        """Events applied and skipped; pages indexed on devices and in the store."""
+        return {"events": self._counts["events"], "skipped": self._counts["skipped"],
+                "device_pages": len(self._device), "store_pages": len(self._store)}

@@ -1,0 +1,145 @@
+"""Routing policies, the queue book and the Router: every policy reads the same query; they
+differ only in the sources they consider. Expected choices are worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlink import CacheConfig, InsertParams, UnifiedCache, page_hashes
+from radixlink.metrics import KVEventQueue
+from radixlink.policy import Estimates, EstimateTracker, PrefillEstimate, TransferEstimate
+from radixlink.routing import (
+    POLICIES,
+    NodeLoad,
+    QueueBook,
+    RouteQuery,
+    Router,
+    make_policy,
+)
+
+BPT = 131072
+PREFILL = PrefillEstimate(token_s=1e-4, overhead_s=0.005)
+
+
+def est(store_gbps: float | None = None, peer_gbps: float | None = None) -> Estimates:
+    def path(gbps: float | None) -> TransferEstimate | None:
+        return None if gbps is None else TransferEstimate(bytes_per_s=gbps * 1e9,
+                                                          latency_s=0.01)
+
+    return Estimates(prefill=PREFILL, bytes_per_token=BPT, store=path(store_gbps),
+                     peer=path(peer_gbps))
+
+
+def query(device: tuple[int, ...], queues: tuple[float, ...], store_len: int = 0,
+          prompt_len: int = 8292) -> RouteQuery:
+    loads = tuple(NodeLoad(queue_s=q, link_s=0.0, num_queued=int(q > 0)) for q in queues)
+    return RouteQuery(prompt_len=prompt_len, device_lens=device, store_len=store_len,
+                      loads=loads, page_size=512)
+
+
+# Node 0 holds 8192 of 8292 tokens and is busy for 0.5 s; node 1 holds nothing and is idle.
+# Recompute on node 1: 0.005 + 8292 x 1e-4 = 0.8342 s; node 0: 0.5 + 0.005 + 100 x 1e-4 = 0.515.
+# Loading 8192 tokens (1,073,741,824 B): 10 GB/s -> 0.01 + 0.10737 s; 1 GB/s -> 0.01 + 1.0737 s.
+BUSY_HOLDER = query((8192, 0), (0.5, 0.0), store_len=8192)
+
+
+def test_device_prefix_prefers_the_holder() -> None:
+    """device_prefix: 0.515 s on the busy holder beats 0.8342 s recomputing on the idle node,
+    even though the store could restore the prefix on the idle node."""
+    d = make_policy("device_prefix").choose(BUSY_HOLDER, est(store_gbps=10))
+    assert d.node == 0 and d.plan.ttft_s == pytest.approx(0.515)
+
+
+def test_radixlink_loads_on_the_idle_node_when_the_store_is_fast() -> None:
+    """radixlink at 10 GB/s: 0.11737 s load + 0.015 s for the last 100 tokens on the idle
+    node (0.13237 s) beats 0.515 s on the holder; at 1 GB/s (1.0837 s + 0.015 s) it does
+    not, and the holder wins as for device_prefix."""
+    fast = make_policy("radixlink").choose(BUSY_HOLDER, est(store_gbps=10))
+    assert fast.node == 1 and fast.plan.source.value == "store"
+    assert fast.plan.ttft_s == pytest.approx(0.01 + 8192 * BPT / 10e9 + 0.005 + 100e-4)
+    slow = make_policy("radixlink").choose(BUSY_HOLDER, est(store_gbps=1))
+    assert slow.node == 0 and slow.plan.ttft_s == pytest.approx(0.515)
+
+
+def test_mooncake_copies_from_a_peer_device() -> None:
+    """mooncake knows other nodes' devices: with a 40 GB/s peer path the idle node copies
+    node 0's 8192 tokens (0.01 + 0.02684 s) and wins; without a peer path it cannot."""
+    d = make_policy("mooncake").choose(BUSY_HOLDER, est(peer_gbps=40))
+    assert d.node == 1 and d.plan.source.value == "peer"
+    assert d.plan.ttft_s == pytest.approx(0.01 + 8192 * BPT / 40e9 + 0.015)
+    assert make_policy("mooncake").choose(BUSY_HOLDER, est()).node == 0
+
+
+def test_load_blind_policies() -> None:
+    """round_robin cycles whatever the load; least_loaded takes the smallest queue and breaks
+    ties by turning round the nodes."""
+    rr = make_policy("round_robin")
+    q = query((0, 0, 0), (5.0, 0.0, 0.0))
+    assert [rr.choose(q, est()).node for _ in range(4)] == [0, 1, 2, 0]
+    ll = make_policy("least_loaded")
+    assert ll.choose(BUSY_HOLDER, est()).node == 1
+    idle = query((0, 0, 0), (0.0, 0.0, 0.0))
+    assert [ll.choose(idle, est()).node for _ in range(4)] == [0, 1, 2, 0]
+
+
+def test_every_policy_is_registered_and_unknown_names_fail() -> None:
+    """The five policies are registered; an unknown one is a ValueError naming them."""
+    assert list(POLICIES) == ["round_robin", "least_loaded", "device_prefix", "mooncake",
+                              "radixlink"]
+    with pytest.raises(ValueError, match="round_robin, least_loaded"):
+        make_policy("fastest")
+    with pytest.raises(ValueError, match="one load per node"):
+        RouteQuery(prompt_len=1, device_lens=(0,), store_len=0, loads=())
+
+
+def test_queue_book() -> None:
+    """Queued estimates add up; a running request counts down from its start; finishing
+    removes it; transfers on one link run one after another."""
+    book = QueueBook(2)
+    book.add(0, "a", 2.0)
+    book.add(0, "b", 1.0)
+    assert book.load(0, now=10.0) == NodeLoad(queue_s=3.0, link_s=0.0, num_queued=2)
+    book.start("a", now=10.0)
+    assert book.load(0, now=10.5).queue_s == pytest.approx(2.5)
+    assert book.load(0, now=13.0).queue_s == pytest.approx(1.0)  # overdue: never negative
+    book.finish("a")
+    book.finish("b")
+    book.finish("missing")
+    assert book.load(0, now=13.0) == NodeLoad(queue_s=0.0, link_s=0.0, num_queued=0)
+    assert book.add_transfer(1, 0.5, now=1.0) == 1.5
+    assert book.add_transfer(1, 0.5, now=1.2) == 2.0
+    assert book.load(1, now=1.2).link_s == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="already in flight"):
+        book.add(0, "c", 1.0)
+        book.add(0, "c", 1.0)
+
+
+def test_router_routes_by_real_kv_events() -> None:
+    """A Router fed the KV events of two real caches: after node 1 served a prompt, the
+    device_prefix policy sends the next turn of it to node 1 (its device holds 8 pages)."""
+    caches = []
+    for i in range(2):
+        cache = UnifiedCache(CacheConfig(page_size=4, num_tokens=256,
+                                         enable_external_cache_linker=True))
+        cache.enable_kv_events(KVEventQueue(node_id=str(i)))
+        caches.append(cache)
+    prompt = list(range(1, 35))  # 8 whole pages and 2 tokens
+    m = caches[1].match_prefix(prompt)
+    slots = caches[1].alloc(len(prompt))
+    assert slots is not None and m.prefix_len == 0
+    caches[1].insert(InsertParams(key=prompt, value=slots[:32]))
+    caches[1].free(slots[32:])
+    router = Router("device_prefix", ["0", "1"], EstimateTracker(est()), page_size=4)
+    for cache in caches:
+        router.ingest(cache.kv_events.drain())
+    turn = prompt + [7, 7, 7, 7, 7, 7]
+    hashes = page_hashes(turn, 4)
+    q = router.query(hashes, len(turn), now=0.0)
+    assert q.device_lens == (0, 32) and q.store_len == 0
+    assert router.route(hashes, len(turn), now=0.0).node == 1
+    router.book(1, "t1", 2.0)  # node 1 now has 2 s queued: recomputing 40 tokens on 0 wins
+    assert router.route(hashes, len(turn), now=0.0).node == 0
+    with pytest.raises(ValueError, match="exceed"):
+        router.query(hashes, 3, now=0.0)
+    assert torch.equal(caches[1].match_prefix(turn).device_indices[:32], slots[:32])
