@@ -78,8 +78,7 @@ class UnifiedCache:
         self._full, self._swa, self._mamba = parts.full, parts.swa, parts.mamba
         self._components: tuple[TreeComponent, ...] = parts.ordered
         self.tree = RadixTree(self._components, config.page_size, namespace=config.namespace,
-                              hashing=config.hashing_enabled, hash_algo=config.hash_algo,
-                              check_inserts=config.check_inserts)
+                              hashing=config.hashing_enabled, hash_algo=config.hash_algo)
         self._eviction = EvictionPath(self.tree, self._components)
         self._linker: Any = None
         self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
@@ -249,7 +248,8 @@ class UnifiedCache:
         if params.namespace is not None:  # the tree keys roots by the layered namespace
             namespace = params.namespace if resolved else self.resolve_namespace(params.namespace)
             tree_params = dataclasses.replace(params, namespace=self._tree_namespace(namespace))
-        result, effects = self.tree.insert(key, params.value, tree_params, aligned_len, hit=hit)
+        result, effects = self.tree.insert(key, params.value, tree_params, aligned_len, hit=hit,
+                                           strict_prefix=not hit)
         self._eviction.apply(effects)
         return result
 

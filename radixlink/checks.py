@@ -46,8 +46,13 @@ def check_insert_slots(params: InsertParams, aligned_len: int, full: Any, mamba:
                 f"page_size={full.page_size}; insert value[:{aligned_len}] with the state at "
                 "that boundary"
             )
-    check_fresh_slots(full.allocator, full.ownership, value, params.prev_prefix_len,
-                      aligned_len)
+    prev = params.prev_prefix_len
+    if prev and not full.ownership.all_owned(value[:prev]):
+        raise ValueError(
+            f"insert value[:{prev}] (prev_prefix_len) holds slots the tree does not own; pass "
+            "the device_indices of a match whose last_node you locked"
+        )
+    check_fresh_slots(full.allocator, full.ownership, value, prev, aligned_len)
 
 
 def check_linkable(config: Any, components: Any, pools: Any) -> None:

@@ -62,6 +62,14 @@ class PageOwnership:
         part = slots[start:end:step]
         return part.numel() > 0 and bool(self._owned[part // self.page_size].any())
 
+    def all_owned(self, slots: torch.Tensor) -> bool:
+        """Whether every page of the whole-page runs ``slots`` is tree-owned (heads only)."""
+        if self._np is not None:
+            arr = slots.numpy()[:: self.page_size]
+            return bool(self._np[arr // self.page_size].all()) if arr.size else True
+        part = slots[:: self.page_size]
+        return bool(self._owned[part // self.page_size].all()) if part.numel() else True
+
     def owned_mask(self, heads: torch.Tensor) -> torch.Tensor:
         """Per page-head slot of ``heads``: whether its page is tree-owned (error paths)."""
         return self._owned[heads.to(self._owned.device) // self.page_size]

@@ -28,7 +28,6 @@ class RadixTree:
             for new nodes. Off costs nothing.
         hash_algo: the page hash function when hashing.
         namespace: the default namespace (its chain seed starts the main root's hashes).
-        check_inserts: check that an insert's slots below ``prev_prefix_len`` are the tree's.
     """
 
     def __init__(
@@ -39,7 +38,6 @@ class RadixTree:
         hashing: bool = False,
         hash_algo: str = "sha256",
         namespace: Any = None,
-        check_inserts: bool = True,
     ):
         if not components:
             raise ValueError("a tree needs at least one component (the backbone)")
@@ -51,7 +49,6 @@ class RadixTree:
         self.num_components = len(self.components)
         self.hashing = hashing
         self.hash_algo = hash_algo
-        self.check_inserts = check_inserts
         self.clock = 0
         self.num_nodes = 0
         # NOTE: set while a linker is attached; one None check per victim and per split.
@@ -132,6 +129,7 @@ class RadixTree:
         aligned_len: int,
         *,
         hit: bool = True,
+        strict_prefix: bool = False,
     ) -> tuple[InsertResult, Effects]:
         """Insert ``key[:aligned_len]`` with the caller's ``value`` (DESIGN.md section 4).
 
@@ -155,7 +153,7 @@ class RadixTree:
                 f"prev_prefix_len={prev} but the tree holds only {held} tokens of this key; "
                 "pass the prefix_len of a match whose last_node you locked"
             )
-        if prev and self.check_inserts:
+        if prev and strict_prefix:
             problem = self.components[0].check_prefix(nodes, value, prev)
             if problem is not None:
                 raise ValueError(problem)

@@ -93,6 +93,17 @@ def _turns(engines: list[Engine], turns: list[list[tuple[int, int, int]]], convs
             out[(c, k)] = res.output_ids
 
 
+def _prompts(turns: list[list[tuple[int, int, int]]], convs: Any,
+             outputs: dict[Any, list[int]]) -> dict[Any, list[int]]:
+    """The prompt each (conversation, turn) of ``turns`` was given."""
+    out, history = {}, {}
+    for step in turns:
+        for _, c, k in step:
+            out[(c, k)] = turn_prompt(TOK, convs[c], k, history.get(c, []))
+            history[c] = out[(c, k)] + outputs[(c, k)]
+    return out
+
+
 def test_a_paused_redis_never_stalls_the_engine(server: RedisServer) -> None:
     """Flow: turn 0 with Redis up (pages offloaded); SIGSTOP; turns 1-2 (every match within
     budget + margin, the breaker opens, requests served from device or recomputed); SIGCONT;
@@ -114,9 +125,15 @@ def test_a_paused_redis_never_stalls_the_engine(server: RedisServer) -> None:
     os.kill(server.proc.pid, signal.SIGSTOP)
     paused_at = time.monotonic()
     _turns(engines, turns[1:3], convs, history, got)
+    prompts = {key: prompt for key, prompt in _prompts(turns[:3], convs, got).items()}
+    replayed = 0
+    while time.monotonic() - paused_at < PAUSE_S:  # keep serving for the whole pause
+        key = sorted(prompts)[replayed % len(prompts)]
+        res = engines[replayed % 2].generate(prompts[key], 5, req_id=f"again:{replayed}")
+        assert res.output_ids == expected[key]
+        replayed += 1
     during = [s for e in engines for s in e.cache.match_seconds]
     opened = [e.linker.stats()["store_breaker_opens"] for e in engines]
-    time.sleep(max(0.0, PAUSE_S - (time.monotonic() - paused_at)))
     os.kill(server.proc.pid, signal.SIGCONT)
     time.sleep(MAX_COOLDOWN_S * 1.2 + 0.1)  # past the breakers' longest (jittered) cool-down
     _turns(engines, turns[3:], convs, history, got)

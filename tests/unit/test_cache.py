@@ -194,7 +194,9 @@ def _misuse_cases(cache: UnifiedCache) -> list[tuple[str, Any]]:
         ),
         (
             "holds only",
-            lambda: cache.insert(InsertParams(key=[7] * 8, value=held, prev_prefix_len=4)),
+            lambda: cache.insert(InsertParams(
+                key=[7] * 8, value=torch.cat([m.device_indices[:4], held[:4]]),
+                prev_prefix_len=4)),
         ),
         ("belongs to the tree",
          lambda: cache.insert(InsertParams(key=seq, value=m.device_indices))),

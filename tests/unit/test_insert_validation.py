@@ -69,21 +69,26 @@ def test_adopting_free_pages_can_no_longer_corrupt_another_request() -> None:
 
 
 def test_prefix_slots_must_be_the_trees_own() -> None:
-    """value[:prev_prefix_len] must be exactly the tree's slots for those tokens."""
+    """value[:prev_prefix_len] must be tree-owned pages (insert); for a linker's publish
+    (insert_loaded) exactly the tree's slots for those tokens, in order."""
     cache = make()
     seq = list(range(16))
     kv = cache.alloc(16)
     cache.insert(InsertParams(key=seq, value=kv))
     m = cache.match_prefix(seq + [99] * 8)
     handle = cache.lock(m.last_node)
-    new = cache.alloc(8)
-    wrong = torch.cat([m.device_indices.flip(0), new])
+    new, held = cache.alloc(8), cache.alloc(16)
     before = snapshot(cache)
+    with pytest.raises(ValueError, match="does not own"):
+        cache.insert(InsertParams(key=seq + [99] * 8, value=torch.cat([held, new]),
+                                  prev_prefix_len=16))
+    permuted = torch.cat([m.device_indices[8:], m.device_indices[:8], new])
     with pytest.raises(ValueError, match="differs from the tree's slots"):
-        cache.insert(InsertParams(key=seq + [99] * 8, value=wrong, prev_prefix_len=16))
+        cache.insert_loaded(InsertParams(key=seq + [99] * 8, value=permuted, prev_prefix_len=16))
     assert snapshot(cache) == before
     cache.insert(InsertParams(key=seq + [99] * 8, value=torch.cat([m.device_indices, new]),
                               prev_prefix_len=16))
+    cache.free(held)
     cache.unlock(handle)
     cache.check_invariants()
 

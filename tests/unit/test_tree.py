@@ -236,7 +236,7 @@ def test_invalid_insert_in_a_new_namespace_creates_nothing() -> None:
     params = InsertParams(
         key=[1] * 8, value=fresh, prev_prefix_len=4, namespace=Namespace(extra_key="new")
     )
-    with pytest.raises(ValueError, match="holds only 0"):
+    with pytest.raises(ValueError, match="does not own"):
         cache.insert(params)
     assert len(cache.tree.roots()) == 1
     cache.free(fresh)
