@@ -81,6 +81,7 @@ class UnifiedCache:
                               hashing=config.hashing_enabled, hash_algo=config.hash_algo)
         self._eviction = EvictionPath(self.tree, self._components)
         self._linker: Any = None
+        self._hashes_for: Any = None  # the linker's page_hashes_for(key, namespace), if any
         self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
         self._packer = KeyPacker()
         self._counters = {"match_calls": 0, "match_tokens": 0, "hit_tokens": 0,
@@ -244,12 +245,16 @@ class UnifiedCache:
                                         self._packer.pack_extension)
         if self.config.check_inserts:
             check_insert_slots(params, aligned_len, self._full, self._mamba)
-        tree_params = params
+        tree_params, namespace = params, self.config.namespace
         if params.namespace is not None:  # the tree keys roots by the layered namespace
             namespace = params.namespace if resolved else self.resolve_namespace(params.namespace)
             tree_params = dataclasses.replace(params, namespace=self._tree_namespace(namespace))
+        # NOTE: a linker hands back the hashes its lookup computed for these tokens.
+        known = None if self._hashes_for is None else self._hashes_for(key, namespace)
+        # NOTE: the linker's publish (the one non-hit insert) must name exactly the locked
+        # prefix: the tree compares value[:prev_prefix_len] with its slots there, once a load.
         result, effects = self.tree.insert(key, params.value, tree_params, aligned_len, hit=hit,
-                                           strict_prefix=not hit)
+                                           page_hashes=known, strict_prefix=not hit)
         self._eviction.apply(effects)
         return result
 
@@ -401,7 +406,8 @@ class UnifiedCache:
         calls ``linker.lookup(result, key, req_id, namespace)``, ``insert`` calls
         ``linker.on_insert(params, result)``, and the tree tells the linker (its
         ``TreeObserver``) about splits and, before eviction frees any of a node's data, the
-        node while that data is intact.
+        node while that data is intact. A linker with ``page_hashes_for(key, namespace)``
+        hands inserts the page hashes it already computed (``(first page, hashes)`` or None).
 
         Raises:
             ValueError: the cache was built without ``enable_external_cache_linker`` (no page
@@ -413,6 +419,7 @@ class UnifiedCache:
             raise ValueError("a linker is already attached to this cache; close it first")
         self._linker = linker
         self.tree.observer = linker
+        self._hashes_for = getattr(linker, "page_hashes_for", None)  # optional: hash reuse
 
     def detach_linker(self, linker: Any) -> None:
         """Undo ``attach_linker`` (the linker's ``close`` calls it).
@@ -424,6 +431,7 @@ class UnifiedCache:
             raise ValueError(f"{linker!r} is not the linker attached to this cache")
         self._linker = None
         self.tree.observer = None
+        self._hashes_for = None
 
 
 def _need(component: Any, what: str) -> Any:

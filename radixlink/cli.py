@@ -26,6 +26,7 @@ BENCHES: dict[str, str] = {
     "tree": "radixlink.bench.tree",
     "peers": "radixlink.bench.peers",
     "store": "radixlink.bench.store",
+    "linker": "radixlink.bench.linker",
     "trace": "radixlink.bench.trace",
     "cluster": "radixlink.bench.cluster",
     "e2e": "radixlink.bench.e2e",

@@ -72,6 +72,10 @@ def plan(out: Path, quick: bool, trace: Path | None, store_dir: Path) -> list[Ru
                         ["--store", url, "--total", "8MiB" if q else "32MiB", "--repeat",
                          "3", "--json", str(j(f"store-{kind}"))], j(f"store-{kind}"),
                         note="file store in a temporary folder" if kind == "file" else ""))
+    size = ["--requests", "500", "--rounds", "2", "--file-requests", "100", "--load-rounds", "3",
+            "--ttft-prompts", "2", "--ttft-rounds", "1"] if q else []
+    runs.append(Run("linker", "radixlink.bench.linker", [*size, "--json", str(j("linker"))],
+                    j("linker")))
     note = ""
     if trace is None:
         trace = out / "synthetic_trace.jsonl"

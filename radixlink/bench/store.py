@@ -1,18 +1,17 @@
-"""``radixlink bench store --store URL``: store put/get GB/s through the page codec, beside the
-raw figure for the same bytes on the same backend, measured in one run; and the codec alone
-with checksum only, with the key digest (the v2 format) and sealed with HMAC-SHA256, side by
-side in the same rounds.
+"""``radixlink bench store --store URL``: store put/get GB/s beside the raw client moving the
+same bytes, in one run: the store alone (``put`` of encoded pages held as views of one staging
+buffer, ``get_into`` preallocated buffers), and with the page codec (``encode_frames`` in
+place + put, get_into + decode); and the codec alone with checksum only, with the key digest
+(the v2 format) and sealed with HMAC-SHA256, side by side in the same rounds.
 
-Raw baselines: memory -> memcpy of the bytes; file -> plain write/read of one file per page;
-redis / redis+cluster -> redis-py pipelined SET/GET of the raw bytes; other stores -> memcpy.
+Raw baselines (``store_raw.py``): memory -> bytes copy / memcpy; file -> plain open + write /
+readv per page; redis / redis+cluster -> redis-py pipelined SET / GET; other stores -> memcpy.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import shutil
 import struct
 import time
 import zlib
@@ -27,11 +26,10 @@ from radixlink.bench.common import (
     print_table,
     write_json,
 )
+from radixlink.bench.store_raw import raw_ops
 from radixlink.contract import PoolName
 from radixlink.stores import PageCodec, Store, open_store, page_key, parse_size
-from radixlink.stores.codec import CHECKSUM_CRC32, CHECKSUM_XXH3
-from radixlink.stores.directory import DirectoryStore
-from radixlink.stores.memory import MemoryStore
+from radixlink.stores.codec import CHECKSUM_CRC32, CHECKSUM_XXH3, HEADER_BYTES
 
 Op = Callable[[], object]
 
@@ -56,12 +54,11 @@ class Rounds:
     (keys are content hashes), so overwriting one key set again and again would measure a
     pattern that does not happen. ``put`` moves to the next round; ``get`` reads the last."""
 
-    def __init__(self, pages: list[memoryview], num_rounds: int, page_bytes: int, prefix: str):
-        self.pages = pages
+    def __init__(self, num_pages: int, num_rounds: int, page_bytes: int, prefix: str):
         self.keys = [
             [
                 page_key("b3nch", f"{page_bytes:08x}{r:08x}{i:048x}", PoolName.KV)
-                for i in range(len(pages))
+                for i in range(num_pages)
             ]
             for r in range(num_rounds)
         ]
@@ -84,18 +81,55 @@ def _batches(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def _store_ops(store: Store, codec: PageCodec, rounds: Rounds, batch: int) -> tuple[Op, Op]:
+class Frames:
+    """``num_pages`` encoded pages in one buffer at a fixed stride, as the linker's staging
+    holds them; ``views`` are what a store gets, ``buffers`` where reads land."""
+
+    def __init__(self, codec: PageCodec, num_pages: int, seed: int):
+        self.codec, self.stride = codec, codec.frame_bytes
+        gen = torch.Generator().manual_seed(seed)
+        data = torch.randint(0, 256, (num_pages, self.stride), dtype=torch.uint8, generator=gen)
+        self.view = data.numpy().data.cast("B")
+        self._data = data
+        self.views = [self.view[i * self.stride : (i + 1) * self.stride]
+                      for i in range(num_pages)]
+        out = torch.zeros(num_pages, self.stride, dtype=torch.uint8)
+        self._out = out
+        flat = out.numpy().data.cast("B")
+        self.buffers = [flat[i * self.stride : (i + 1) * self.stride] for i in range(num_pages)]
+
+    def encode(self, keys: list[str]) -> list[memoryview]:
+        """Headers (and tags) for ``keys``, written in place: the offload's encode."""
+        return self.codec.encode_frames(self.view, self.stride, keys)
+
+
+def _store_ops(store: Store, frames: Frames, rounds: Rounds, batch: int) -> dict[str, Op]:
+    """The store's put / get_into of encoded pages, and the same with the codec's work."""
     def put() -> None:
-        items = list(zip(rounds.next_put(), rounds.pages, strict=True))
-        for b in _batches(items, batch):
-            store.put({k: codec.encode(page, k) for k, page in b})
+        keys = rounds.next_put()
+        for b in _batches(range(len(keys)), batch):
+            store.put({keys[i]: frames.views[i] for i in b})
 
-    def get() -> None:
-        for keys in _batches(rounds.last_put(), batch):
-            views = [codec.decode(blob, k) for blob, k in zip(store.get(keys), keys, strict=True)]
-            assert all(view is not None for view in views), "page missing: raise the capacity"
+    def encode_put() -> None:
+        keys = rounds.next_put()
+        views = frames.encode(keys)
+        for b in _batches(range(len(keys)), batch):
+            store.put({keys[i]: views[i] for i in b})
 
-    return put, get
+    def get(decode: bool) -> Op:
+        def run() -> None:
+            keys = rounds.last_put()
+            for b in _batches(range(len(keys)), batch):
+                sizes = store.get_into([keys[i] for i in b], [frames.buffers[i] for i in b])
+                assert None not in sizes, "page missing: raise the capacity"
+                if decode:
+                    ok = [frames.codec.decode(frames.buffers[i][:n], keys[i])
+                          for i, n in zip(b, sizes)]
+                    assert None not in ok, "page failed verification"
+        return run
+
+    return {"put": put, "get": get(False), "encode+put": encode_put,
+            "get+decode": get(True)}
 
 
 class ChecksumOnly:
@@ -155,119 +189,46 @@ def _codec_cases(pages: list[memoryview], keys: list[str], page_bytes: int,
     return cases, what
 
 
-def _memcpy_ops(rounds: Rounds) -> tuple[Op, Op, Op, str]:
-    held: dict[str, bytes] = {}
-
-    def put() -> None:
-        for k, page in zip(rounds.next_put(), rounds.pages, strict=True):
-            held[k] = bytes(page)
-
-    dest = bytearray(len(rounds.pages[0]))
-
-    def get() -> None:
-        for k in rounds.last_put():
-            dest[:] = held[k]  # memcpy into a preallocated buffer, as into a pool
-
-    return put, get, held.clear, "memcpy"
-
-
-def _file_ops(root: str, rounds: Rounds, batch: int) -> tuple[Op, Op, Op, str]:
-    os.makedirs(root, exist_ok=True)
-
-    def path(key: str) -> str:
-        return os.path.join(root, key.replace("/", "_"))
-
-    def put() -> None:
-        for k, page in zip(rounds.next_put(), rounds.pages, strict=True):
-            with open(path(k), "wb") as f:
-                f.write(page)
-
-    def get() -> None:
-        # NOTE: a batch of pages stays alive until the batch is done, as a store's get
-        # returns them; dropping each read at once lets malloc reuse one warm buffer and
-        # reads ~5x faster than any real consumer (see docs/stores.md, malloc tuning).
-        for keys in _batches(rounds.last_put(), batch):
-            batch_data = []
-            for k in keys:
-                with open(path(k), "rb") as f:
-                    batch_data.append(f.read())
-
-    return put, get, lambda: shutil.rmtree(root, ignore_errors=True), "write/read files"
-
-
-def _redis_ops(client: Any, rounds: Rounds, batch: int) -> tuple[Op, Op, Op, str]:
-    def put() -> None:
-        items = list(zip(rounds.next_put(), rounds.pages, strict=True))
-        for b in _batches(items, batch):
-            pipe = client.pipeline(transaction=False)
-            for k, page in b:
-                pipe.set(k, page)
-            pipe.execute()
-
-    def get() -> None:
-        for keys in _batches(rounds.last_put(), batch):
-            pipe = client.pipeline(transaction=False)
-            for k in keys:
-                pipe.get(k)
-            pipe.execute()
-
-    def cleanup() -> None:
-        for keys in _batches(rounds.all_keys(), 1024):
-            client.delete(*keys)
-
-    return put, get, cleanup, "redis-py pipelined SET/GET"
-
-
-def _raw_ops(store: Store, rounds: Rounds, batch: int) -> tuple[Op, Op, Op, str]:
-    """Raw put, raw get, cleanup and the baseline's name, for the store's backend."""
-    if isinstance(store, MemoryStore):
-        return _memcpy_ops(rounds)
-    if isinstance(store, DirectoryStore):
-        return _file_ops(store.root.rstrip("/") + ".rawbench", rounds, batch)
-    client = getattr(store, "client", None)
-    if client is not None and hasattr(client, "pipeline"):
-        return _redis_ops(client, rounds, batch)
-    put, get, cleanup, _ = _memcpy_ops(rounds)
-    return put, get, cleanup, f"memcpy (no native raw baseline for {type(store).__name__})"
-
-
 def _bench_page_size(
     store: Store, args: argparse.Namespace, page_bytes: int
 ) -> tuple[list[dict], list[dict]]:
     num_pages = max(1, args.total // page_bytes)
-    gen = torch.Generator().manual_seed(args.seed)
-    data = torch.randint(0, 256, (num_pages, page_bytes), dtype=torch.uint8, generator=gen)
-    pages = [data[i].numpy().data for i in range(num_pages)]
-    num_rounds = args.repeat + 1  # one warm-up round
-    store_rounds = Rounds(pages, num_rounds, page_bytes, prefix="")
-    raw_rounds = Rounds(pages, num_rounds, page_bytes, prefix="rawbench:")
     codec = PageCodec(f"bench-{page_bytes}", page_bytes, secret=store.page_secret)
-    store_put, store_get = _store_ops(store, codec, store_rounds, args.batch)
-    raw_put, raw_get, raw_cleanup, raw_name = _raw_ops(store, raw_rounds, args.batch)
+    frames = Frames(codec, num_pages, args.seed)
+    num_rounds = 2 * (args.repeat + 1)  # put and encode+put both write; one warm-up each
+    store_rounds = Rounds(num_pages, num_rounds, page_bytes, prefix="")
+    raw_rounds = Rounds(num_pages, num_rounds, page_bytes, prefix="rawbench:")
+    frames.encode(store_rounds.keys[0])  # valid pages, for the raw side too
+    ops = _store_ops(store, frames, store_rounds, args.batch)
+    raw_put, raw_get, raw_cleanup, raw_name = raw_ops(
+        store, frames.views, frames.buffers, raw_rounds.next_put, raw_rounds.last_put,
+        raw_rounds.all_keys, args.batch)
+    pages = [frames.views[i][HEADER_BYTES : HEADER_BYTES + page_bytes] for i in range(num_pages)]
     codec_cases, what = _codec_cases(pages, store_rounds.keys[0], page_bytes, args.seed)
     try:
         times = _best_alternating(
-            {"store put": store_put, "raw put": raw_put, "store get": store_get,
-             "raw get": raw_get, **codec_cases},
+            {"store put": ops["put"], "raw put": raw_put, "store get": ops["get"],
+             "raw get": raw_get, "store encode+put": ops["encode+put"],
+             "store get+decode": ops["get+decode"], **codec_cases},
             repeat=args.repeat,
         )
     finally:
         for keys in _batches(store_rounds.all_keys(), 1024):
             store.delete(keys)
         raw_cleanup()
-    total_mb = num_pages * page_bytes / 1e6
+    total_gb = num_pages * page_bytes / 1e9
     page = f"{page_bytes >> 10} KiB"
     rows = []
-    for op in ("put", "get"):
-        store_gbs = total_mb / 1e3 / times[f"store {op}"]
-        raw_gbs = total_mb / 1e3 / times[f"raw {op}"]
+    for op, raw in (("put", "put"), ("get", "get"), ("encode+put", "put"),
+                    ("get+decode", "get")):
+        store_gbs, raw_gbs = total_gb / times[f"store {op}"], total_gb / times[f"raw {raw}"]
         rows.append({"page": page, "op": op, "store GB/s": store_gbs, "raw GB/s": raw_gbs,
                      "store/raw": store_gbs / raw_gbs, "sealed": codec.sealed,
                      "raw baseline": raw_name})
     codec_rows = []
     for fmt, desc in what.items():
-        encode = total_mb / times[f"{fmt} encode"]
-        decode = total_mb / times[f"{fmt} decode"]
+        encode = total_gb * 1e3 / times[f"{fmt} encode"]
+        decode = total_gb * 1e3 / times[f"{fmt} decode"]
         codec_rows.append({
             "page": page, "format": fmt, "encode MB/s": encode, "decode MB/s": decode,
             "encode vs checksum": times["checksum encode"] / times[f"{fmt} encode"],
@@ -322,7 +283,8 @@ def main(argv: list[str]) -> int:
         results = [_bench_page_size(store, args, size) for size in args.page_sizes]
     rows = [row for store_rows, _ in results for row in store_rows]
     codec_rows = [row for _, rows_ in results for row in rows_]
-    print_table(rows, f"store throughput through the codec vs raw ({type(store).__name__})")
+    print_table(rows, f"store throughput vs raw, alone and with the codec "
+                f"({type(store).__name__})")
     print()
     print_table(codec_rows, "page codec alone: checksum only vs key digest vs HMAC (same rounds)")
     if args.json:

@@ -280,7 +280,9 @@ def _print(results: list[dict[str, Any]]) -> None:
         "requests": r["requests"], "device hit": r["device_hit_tokens"],
         "store hit": r["store_hit_tokens"], "hit ratio": f"{r['hit_ratio']:.4f}",
         "bound": f"{r['upper_bound']:.4f}", "load GB": round(r["load_bytes"] / 1e9, 1),
-        "offload GB": round(r["offload_bytes"] / 1e9, 1), "wall s": round(r["wall_s"], 1),
+        "offload GB": round(r["offload_bytes"] / 1e9, 1),
+        "offload pages/req": round(r.get("offloaded_pages_per_request", 0.0), 2),
+        "wall s": round(r["wall_s"], 1),
         "req/s": round(r["requests_per_s"]),
     } for r in results]
     print_table(rows, "hit tokens per configuration (capacity = device tokens per node)")

@@ -175,6 +175,9 @@ def replay(requests: Sequence[Any], routes: Sequence[int], tokens: Any, cfg: Rep
         "refused_loads": counts["refused_loads"], "failed_loads": counts["failed_loads"],
         "truncated_prompts": counts["truncated_prompts"],
         "store_evicted_pages": store_stats["evicted"] if store is not None else 0,
+        "offloaded_pages": linker_stats["offloaded_pages"],
+        "offloaded_pages_per_request": linker_stats["offloaded_pages"] / max(len(requests), 1),
+        "known_pages_skipped": linker_stats["known_pages_skipped"],
         "wall_s": wall, "requests_per_s": len(requests) / wall if wall > 0 else 0.0,
     }
 

@@ -14,11 +14,12 @@ from typing import Any
 
 import torch
 
-from radixlink.config import CacheConfig
 from radixlink.contract import ComponentType, InsertParams, PoolName
-from radixlink.engine.model import ForwardInput, HybridLM, ModelSpec, PagedCache
+from radixlink.engine.config import cache_config as cache_config  # NOTE: re-exported
+from radixlink.engine.config import kv_layout
+from radixlink.engine.layerwise import LoadFailed, layer_pools, layer_waiter
+from radixlink.engine.model import ForwardInput, HybridLM, PagedCache
 from radixlink.engine.weights import ChatTokenizer
-from radixlink.hashing import Namespace
 from radixlink.memory.layout import KVLayout, StateLayout
 
 
@@ -37,10 +38,12 @@ class RequestResult:
         num_computed: prompt tokens prefilled by the model.
         loaded_bytes: store bytes read for this request.
         ttft_s: request start (before the match) through the first generated token.
-        load_s: time spent waiting for the store load.
+        load_s: time spent waiting for the store load (layer-wise: for the outcome after
+            the prefill; the waits for layers are inside ``prefill_s``).
         prefill_s: time of the prefill forward pass.
         decode_s: time of the decode steps after the first token.
         load_failed: a store load was started and failed (the prefix was recomputed).
+        layerwise: the prefix loaded layer by layer under the prefill.
     """
 
     req_id: Any
@@ -55,62 +58,24 @@ class RequestResult:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     load_failed: bool = False
-
-
-def kv_layout(spec: ModelSpec, page_size: int,
-              kind: ComponentType = ComponentType.FULL) -> KVLayout:
-    """The K/V pool layout of ``spec``'s layers of ``kind`` (FULL or SWA), in the model dtype."""
-    num = len(spec.layer_ids(kind))
-    if num == 0:
-        raise ValueError(f"model {spec.name!r} has no {kind.value} attention layer; a K/V pool "
-                         "needs at least one")
-    return KVLayout(num_layers=num, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-                    dtype=spec.dtype, page_size=page_size)
-
-
-def cache_config(spec: ModelSpec, *, num_tokens: int, page_size: int = 16,
-                 linker: bool = False) -> CacheConfig:
-    """A ``CacheConfig`` sized for ``spec`` (SWA and Mamba pools for hybrid models),
-    namespaced by the model and layout fingerprints.
-
-    Args:
-        spec: the model.
-        num_tokens: device slots of the full (and SWA) pool, rounded up to whole pages.
-        page_size: tokens per page.
-        linker: build for an ``ExternalCacheLinker`` (page hashes on).
-    """
-    kinds = set(spec.layer_types)
-    layouts = [kv_layout(spec, page_size)]
-    hybrid: dict[str, Any] = {}
-    if ComponentType.SWA in kinds:
-        layouts.append(kv_layout(spec, page_size, ComponentType.SWA))
-        hybrid.update(sliding_window=spec.sliding_window, swa_layout=layouts[-1])
-    if ComponentType.MAMBA in kinds:
-        state = StateLayout(shapes=spec.state_shapes, dtype=spec.dtype)
-        hybrid.update(mamba_num_states=max(16, num_tokens // (4 * page_size)), state_layout=state)
-    fingerprint = "|".join([x.fingerprint(PoolName.SWA if i else PoolName.KV)
-                            for i, x in enumerate(layouts)]
-                           + ([hybrid["state_layout"].fingerprint()] if "state_layout" in hybrid
-                              else []))
-    return CacheConfig(page_size=page_size, num_tokens=-(-num_tokens // page_size) * page_size,
-                       kv_layout=layouts[0], enable_external_cache_linker=linker,
-                       namespace=Namespace(model=spec.fingerprint(), layout=fingerprint),
-                       **hybrid)
+    layerwise: bool = False
 
 
 @dataclass(slots=True)
 class _Prefix:
     """The cached prefix a request starts from, the lock that protects it and (MAMBA) the
-    request's own copy of the state at its end."""
+    request's own copy of the state at its end. While a layer-wise load lands, ``landing``
+    is set, ``slots`` are where it lands and ``lock`` is None until the outcome."""
 
     slots: torch.Tensor
     num_device: int
     num_store: int
     lock: Any
     state_slot: int | None = None
-    loaded_bytes: int = 0
     load_s: float = 0.0
     load_failed: bool = False
+    landing: Any = None
+    lookup_id: Any = None
 
 
 @dataclass(slots=True)
@@ -141,15 +106,21 @@ class Engine:
     components, e.g. ``NoPrefixCache``) use private side pools, and then prefixes are never
     reused: only the cache can keep their state with the prefix.
 
+    A store hit loads layer by layer under the prefill (``layerwise``, models without Mamba
+    layers): the forward of layer i starts once layer i has landed, then the engine takes
+    the load's outcome (the canonical slots) before decoding. Otherwise the whole load
+    completes before the prefill starts.
+
     Args:
         model: the LM.
         tokenizer: gives the end-of-sequence id.
         cache: a ``UnifiedCache`` or ``NoPrefixCache`` built with ``cache_config(model.spec)``.
         linker: an ``ExternalCacheLinker`` attached to ``cache``, or None (device only).
+        layerwise: compute while a store load lands (see above).
     """
 
     def __init__(self, model: HybridLM, tokenizer: ChatTokenizer, cache: Any,
-                 linker: Any = None):
+                 linker: Any = None, *, layerwise: bool = True):
         spec, ps = model.spec, cache.page_size
         kinds = set(spec.layer_types)
         kv = _cache_pool(cache, PoolName.KV, kv_layout(spec, ps))
@@ -176,6 +147,10 @@ class Engine:
                              and (not self._mamba or states is not None))
         self._device = kv.device
         self._empty = torch.empty(0, dtype=torch.int64, device=self._device)
+        # NOTE: a Mamba state is needed before layer 0 and is copied from the tree's node,
+        # which exists only after the outcome: such models load whole.
+        self.layerwise = layerwise and linker is not None and not self._mamba
+        self._layer_pools = layer_pools(spec)
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int,
                  req_id: Any = None) -> RequestResult:
@@ -188,37 +163,88 @@ class Engine:
         if len(prompt_ids) == 0 or max_new_tokens < 1:
             raise ValueError(f"need a non-empty prompt and max_new_tokens >= 1, got "
                              f"{len(prompt_ids)} tokens and max_new_tokens={max_new_tokens}")
+        loaded_before = self._loaded_bytes()
         start = time.perf_counter()
         prompt = [int(t) for t in prompt_ids]
         res = RequestResult(req_id=req_id, prompt_len=len(prompt))
+        total = len(prompt) + max_new_tokens - 1  # the last new token's K/V is never needed
+        tokens = torch.tensor(prompt, dtype=torch.int64, device=self._device)
         # NOTE: match without the last token: its logits are needed, so it is always computed.
         prefix = self._match(prompt[:-1], req_id)
-        total = len(prompt) + max_new_tokens - 1  # the last new token's K/V is never needed
+        t0 = time.perf_counter()
+        seq, prefix, logits = self._start(prefix, total, tokens)
+        #   0 ........ use ............ len(prompt) ........... total
+        #   |-- cached --|-- prefilled --|-- decoded (one by one) --|
+        use = prefix.slots.numel()
+        res.num_from_device, res.num_from_store = prefix.num_device, prefix.num_store
+        res.num_computed = len(prompt) - use
+        res.load_s, res.load_failed = prefix.load_s, prefix.load_failed
+        res.layerwise = prefix.landing is not None
+        next_id = int(logits[-1].argmax())
+        res.prefill_s = time.perf_counter() - t0  # NOTE: layer-wise: with the layers' waits
+        res.ttft_s = time.perf_counter() - start
+        res.loaded_bytes = self._loaded_bytes() - loaded_before
+        out = self._decode(seq, next_id, len(prompt), max_new_tokens, res)
+        self._insert(seq, prompt + out[:-1], use, prefix.lock)
+        if self.linker is not None:
+            self.linker.poll()  # NOTE: sends this request's offloads now (one batch)
+        return res
+
+    def _start(self, prefix: _Prefix, total: int,
+               tokens: torch.Tensor) -> tuple[_Seq, _Prefix, torch.Tensor]:
+        """Slots for the request, then its prefill: under a landing load, layer by layer, then
+        the load's outcome; a load that fails there is dropped and the prefix recomputed."""
         seq = self._begin(prefix, total)
         if seq is None and prefix.slots.numel():  # the locked prefix pins too much: recompute
-            self._release(prefix)
-            prefix = _Prefix(self._empty, 0, 0, None, load_failed=prefix.load_failed)
+            prefix = self._give_up(prefix)
             seq = self._begin(prefix, total)
         if seq is None:
             self._release(prefix)
             raise ValueError(f"a request of {total} tokens does not fit the device pools "
                              f"({self.cache.stats()['total_tokens']} tokens, some locked); "
                              "raise num_tokens")
-        #   0 ........ use ............ len(prompt) ........... total
-        #   |-- cached --|-- prefilled --|-- decoded (one by one) --|
         use = prefix.slots.numel()
-        res.num_from_device, res.num_from_store = prefix.num_device, prefix.num_store
-        res.num_computed = len(prompt) - use
-        res.loaded_bytes, res.load_s, res.load_failed = (
-            prefix.loaded_bytes, prefix.load_s, prefix.load_failed)
-        tokens = torch.tensor(prompt, dtype=torch.int64, device=self._device)
+        if prefix.landing is None:
+            return seq, prefix, self._prefill(seq, tokens, use)
+        wait = layer_waiter(prefix.landing, self._layer_pools, self.linker.load_timeout_s)
+        try:
+            logits: torch.Tensor | None = self._prefill(seq, tokens, use, wait)
+        except LoadFailed:
+            logits = None
+        settled = self._settle(prefix, seq)
+        if settled.landing is not None and logits is not None:
+            return seq, settled, logits
+        self.cache.free(seq.kv[use:])  # NOTE: the loaded part is the linker's to release
+        settled.landing = None  # NOTE: the outcome is taken; recompute over what it left
+        settled.load_failed = True
+        return self._start(settled, total, tokens)
+
+    def _settle(self, prefix: _Prefix, seq: _Seq) -> _Prefix:
+        """Take a landing load's outcome: on success the request moves to the tree's canonical
+        slots of the prefix (the same bytes) and holds the outcome's lock; on failure it
+        gets the device prefix it had (and its lock) to recompute from."""
         t0 = time.perf_counter()
-        next_id = int(self._prefill(seq, tokens, use)[-1].argmax())
-        res.prefill_s = time.perf_counter() - t0
-        res.ttft_s = time.perf_counter() - start
-        out = self._decode(seq, next_id, len(prompt), max_new_tokens, res)
-        self._insert(seq, prompt + out[:-1], use, prefix.lock)
-        return res
+        out = self.linker.wait_load(prefix.lookup_id)
+        waited = time.perf_counter() - t0
+        if not out.ok:
+            return _Prefix(out.device_indices, out.prefix_len, 0, out.lock, load_s=waited,
+                           load_failed=True)
+        seq.kv[: out.prefix_len] = out.device_indices
+        if self._swa_cached:
+            seq.swa = self.cache.swa_slots(seq.kv)
+        return _Prefix(out.device_indices, out.prefix_len - out.loaded_len, out.loaded_len,
+                       out.lock, load_s=waited, landing=prefix.landing)
+
+    def _give_up(self, prefix: _Prefix) -> _Prefix:
+        """Drop a prefix that does not leave room for the request (a landing load is taken
+        and released first): recompute from scratch."""
+        if prefix.landing is not None:
+            prefix = self._settle(prefix, _Seq(prefix.slots.clone(), self._empty, 1, None))
+        self._release(prefix)
+        return _Prefix(self._empty, 0, 0, None, load_failed=prefix.load_failed)
+
+    def _loaded_bytes(self) -> int:
+        return 0 if self.linker is None else int(self.linker.stats().get("loaded_bytes", 0))
 
     def _match(self, key: list[int], req_id: Any) -> _Prefix:
         cache, linker = self.cache, self.linker
@@ -229,11 +255,14 @@ class Engine:
         if linker is None or not m.external_hit_len or not linker.load(lookup_id):
             return self._own_prefix(_Prefix(m.device_indices, m.prefix_len, 0,
                                             cache.lock(m.last_node)), m.last_node)
-        t0, before = time.perf_counter(), linker.stats().get("loaded_bytes", 0)
+        landing = linker.landing(lookup_id) if self.layerwise else None
+        if landing is not None:
+            return _Prefix(landing.device_indices, landing.prefix_len - landing.loaded_len,
+                           landing.loaded_len, None, landing=landing, lookup_id=lookup_id)
+        t0 = time.perf_counter()
         out = linker.wait_load(lookup_id)
-        loaded = linker.stats().get("loaded_bytes", 0) - before
         prefix = _Prefix(out.device_indices, out.prefix_len - out.loaded_len, out.loaded_len,
-                         out.lock, None, loaded, time.perf_counter() - t0, not out.ok)
+                         out.lock, None, time.perf_counter() - t0, not out.ok)
         return self._own_prefix(prefix, out.last_node)
 
     def _own_prefix(self, prefix: _Prefix, node: Any) -> _Prefix:
@@ -274,28 +303,31 @@ class Engine:
             self.cache.free_state(prefix.state_slot)
         self._unlock(prefix.lock)
 
-    def _forward(self, seq: _Seq, token_ids: torch.Tensor, start: int) -> torch.Tensor:
+    def _forward(self, seq: _Seq, token_ids: torch.Tensor, start: int,
+                 wait: Any = None) -> torch.Tensor:
         end = start + token_ids.numel()
         low = max(0, start - self._window + 1) if self._window else 0  # SWA reads W-1 back
         return self.model(ForwardInput(
             token_ids=token_ids, prefix_len=start, out_slots=seq.kv[start:end],
             seq_slots=seq.kv[:end], swa_out_slots=seq.swa[start:end],
-            swa_seq_slots=seq.swa[low:end], state_slot=seq.state, last_only=True), self.pools)
+            swa_seq_slots=seq.swa[low:end], state_slot=seq.state, last_only=True,
+            wait_layer=wait), self.pools)
 
     def _snapshot(self, seq: _Seq) -> None:
         if seq.snapshot is not None and self._states is not None:
             self._states.copy(seq.state, seq.snapshot)
 
-    def _prefill(self, seq: _Seq, tokens: torch.Tensor, use: int) -> torch.Tensor:
+    def _prefill(self, seq: _Seq, tokens: torch.Tensor, use: int,
+                 wait: Any = None) -> torch.Tensor:
         """Prefill ``tokens[use:]``; with cached Mamba states, split at the last page boundary
-        to snapshot the state there."""
+        to snapshot the state there. ``wait``: the per-layer wait of a landing prefix."""
         cut = tokens.numel() // self.page_size * self.page_size if seq.snapshot is not None else use
         if cut == use:
             self._snapshot(seq)
         logits = self._empty
         for s, e in ((use, cut), (cut, tokens.numel())):
             if e > s:
-                logits = self._forward(seq, tokens[s:e], s)
+                logits = self._forward(seq, tokens[s:e], s, wait)
                 if e == cut:
                     self._snapshot(seq)
         return logits

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
@@ -157,6 +158,9 @@ class ForwardInput:
             ``swa_out_slots``. Older SWA rows are never read.
         state_slot: state slot to continue from and overwrite (models with MAMBA layers).
         last_only: return logits for the last token only.
+        wait_layer: called with the model layer index before that layer reads the pools
+            (layer-wise loading: it returns once the layer's cached K/V has landed, and
+            raises to abandon the pass); None reads at once.
     """
 
     token_ids: torch.Tensor
@@ -167,6 +171,7 @@ class ForwardInput:
     swa_seq_slots: torch.Tensor | None = None
     state_slot: int | None = None
     last_only: bool = False
+    wait_layer: Callable[[int], None] | None = None
 
 
 @dataclass(slots=True)
@@ -377,7 +382,10 @@ class HybridLM(nn.Module):
             cache.swa_k and inp.swa_seq_slots is not None) else None
         h = self.embed(inp.token_ids.long())
         blocks = cast("list[Block]", list(self.layers))
-        for block, j in zip(blocks, self._pool_index, strict=True):
+        wait = inp.wait_layer
+        for i, (block, j) in enumerate(zip(blocks, self._pool_index, strict=True)):
+            if wait is not None:
+                wait(i)  # NOTE: layer i's cached K/V may still be landing (layer-wise load)
             x = block.input_norm(h)
             if block.kind == ComponentType.FULL:
                 x = block.mixer(x, rope, cache.full_k[j], cache.full_v[j], inp.out_slots,

@@ -12,25 +12,24 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
+
 from radixlink.contract import InsertParams, MatchResult, PoolTransfer
-from radixlink.hashing import namespace_id
 from radixlink.linker.breaker import BreakerConfig, CircuitBreaker, StoreGuard
+from radixlink.linker.hashmemo import PageHashMemo
+from radixlink.linker.jobs import load_job
 from radixlink.linker.loads import LoadTable, Member, Transfer
 from radixlink.linker.lookup import RememberedLookups, find_restorable
 from radixlink.linker.offload import OffloadPolicy, WritePolicy
 from radixlink.linker.phases import lock_device_prefix, publish, release, reserve
+from radixlink.linker.progress import LayerProgress
 from radixlink.linker.ranks import LocalRankGroup, RankGroup
-from radixlink.linker.records import LoadOutcome, Lookup, pool_writer
+from radixlink.linker.records import Landing, LoadOutcome, Lookup
+from radixlink.linker.staging import StagingArena
 from radixlink.linker.stats import LinkerStats
-from radixlink.linker.worker import (
-    Completion,
-    PoolPages,
-    TransferKind,
-    TransferStatus,
-    TransferWorker,
-)
+from radixlink.linker.storekeys import StoreKeys
+from radixlink.linker.worker import Completion, Job, TransferStatus, TransferWorker
 from radixlink.stores.base import Store
-from radixlink.stores.keys import page_key
 from radixlink.stores.registry import open_store
 
 
@@ -68,6 +67,8 @@ class ExternalCacheLinker:
         num_threads: store transfer threads.
         breaker: the lookup budget and circuit breaker for store calls on the caller's thread.
         max_lookups, max_lookup_bytes, lookup_ttl_s: bounds on remembered lookups.
+        max_known_pages: store keys remembered as stored after their nodes left the device,
+            so a prefix inserted again is not written again (0: off).
     """
 
     def __init__(
@@ -86,6 +87,7 @@ class ExternalCacheLinker:
         max_lookups: int = 1 << 16,
         max_lookup_bytes: int = 64 << 20,
         lookup_ttl_s: float = 60.0,
+        max_known_pages: int = 1 << 18,
     ):
         if not load_timeout_s > 0:
             raise ValueError(f"load_timeout_s must be positive, got {load_timeout_s!r}")
@@ -98,7 +100,11 @@ class ExternalCacheLinker:
         self.metrics = LinkerStats()
         self._stats = self.metrics.counters
         self.guard = StoreGuard(self.store, CircuitBreaker(breaker))
-        self._worker = TransferWorker(self.store, num_threads)
+        self.arena = StagingArena(pinned=cache.device.type == "cuda",
+                                  max_cached_bytes=min(max_inflight_bytes, 256 << 20))
+        self._worker = TransferWorker(self.store, num_threads, self.arena)
+        self.page_hashes = PageHashMemo(self.page_size)
+        self._progress: dict[int, LayerProgress] = {}  # load job -> its landing progress
         # NOTE: with several ranks an age bound would drop a lookup on one rank only.
         ttl = lookup_ttl_s if self.ranks.world_size == 1 else None
         self._lookups = RememberedLookups(max_lookups, max_lookup_bytes, ttl)
@@ -112,7 +118,9 @@ class ExternalCacheLinker:
             threshold=write_through_threshold,
             max_inflight_bytes=max_inflight_bytes,
             revalidate_after_s=revalidate_after_s,
+            max_known_pages=max_known_pages,
         )
+        self.keyspace = StoreKeys(self.ranks.rank, self.offload.replicated)
         cache.attach_linker(self)
 
     # ---------------------------------------------------------------- keys
@@ -120,9 +128,13 @@ class ExternalCacheLinker:
     def store_keys(self, transfer: PoolTransfer, namespace: Any = None) -> list[str]:
         """Store keys of a transfer's pages: version / namespace / hash / pool [/ rank], in the
         resolved ``namespace`` (``cache.resolve_namespace``)."""
-        ns_id = namespace_id(namespace)
-        rank = None if self.offload.replicated(transfer.name) else self.ranks.rank
-        return [page_key(ns_id, h, transfer.name, rank) for h in transfer.keys]
+        return self.keyspace.keys(transfer.name, namespace, transfer.keys)
+
+    def page_hashes_for(self, key: bytes, namespace: Any) -> tuple[int, list[str]] | None:
+        """Page hashes a recent lookup computed for ``key`` (packed uint32 tokens) in the
+        resolved ``namespace``: ``(first page, hashes)``, or None. The cache's insert hands
+        them to the tree so a page is hashed once from lookup to insert."""
+        return self.page_hashes.hashes_for(key, namespace)
 
     # ---------------------------------------------------------------- LOOKUP
 
@@ -195,15 +207,37 @@ class ExternalCacheLinker:
                 release(self.cache, reservation)
             return None
         assert reservation is not None
-        pools = [
-            PoolPages(keys=self.store_keys(t, lookup.namespace), codec=self.offload.codec(t.name),
-                      write=pool_writer(self.cache.pool(t.name), t))
-            for t in reservation.transfers if t is not None
-        ]
-        transfer = Transfer(job_id=self.submit(TransferKind.LOAD, pools),
-                            reservation=reservation)
+        job = load_job(reservation.transfers, self.cache, self.offload.codec,
+                       lambda t: self.store_keys(t, lookup.namespace), self.arena)
+        transfer = Transfer(job_id=self.submit(job), reservation=reservation)
+        assert job.progress is not None
+        self._progress[transfer.job_id] = job.progress
         self._loads.start(transfer)
         return transfer
+
+    def landing(self, req_id: Any) -> Landing | None:
+        """Where the load of ``req_id`` is landing, while it is in flight: the full-pool slots
+        of its whole prefix (device prefix + reserved slots being written) and a per-layer
+        wait. An engine may run its forward on these slots, waiting for layer ``i`` before
+        reading it, then must take the outcome (``wait_load`` / ``poll``) before using the
+        prefix further: the outcome's slots are the canonical ones (the reserved slots may be
+        duplicates the publish frees). Asking makes the load land layer by layer (call it
+        right after ``load``); otherwise each pool lands in one copy. None when ``req_id`` has
+        no load in flight."""
+        member = self._loads.member(req_id)
+        if member is None or member.transfer is None:
+            return None
+        reservation = member.transfer.reservation
+        progress = self._progress.get(member.transfer.job_id)
+        full = reservation.full
+        if progress is None or full is None or full.device_indices is None:
+            return None
+        lookup = reservation.lookup
+        progress.watch()
+        return Landing(req_id=req_id, prefix_len=len(lookup.tokens),
+                       loaded_len=len(lookup.tokens) - lookup.prefix_len,
+                       device_indices=torch.cat([reservation.device_slots, full.device_indices]),
+                       progress=progress)
 
     def cancel(self, req_id: Any) -> bool:
         """The request went away: forget its lookup, leave its queued load (the transfer is
@@ -226,7 +260,9 @@ class ExternalCacheLinker:
     # ---------------------------------------------------------------- completions
 
     def poll(self) -> list[LoadOutcome]:
-        """Finished loads (and finished offloads' bookkeeping) since the last call."""
+        """Finished loads (and finished offloads' bookkeeping) since the last call. Also sends
+        the offloads queued since the last call as one batch: call it once per engine step."""
+        self.offload.flush_batch()
         self._process(self._worker.drain())
         self._expire()
         return self._loads.take_all()
@@ -241,6 +277,7 @@ class ExternalCacheLinker:
         Raises:
             ValueError: no load was started for ``req_id`` (or its outcome was already taken).
         """
+        self.offload.flush_batch()
         outcome = self._loads.take(req_id)
         if outcome is not None:
             return outcome
@@ -305,6 +342,7 @@ class ExternalCacheLinker:
 
     def _finish_load(self, transfer: Transfer, done: Completion) -> None:
         reservation = transfer.reservation
+        self._progress.pop(transfer.job_id, None)
         ok = done.ok and not transfer.cancelled and not self._closed
         ok = self.ranks.all_ok(ok)
         if done.status is TransferStatus.CORRUPT:
@@ -314,6 +352,9 @@ class ExternalCacheLinker:
             "cancelled" if transfer.cancelled else "closed" if self._closed else
             "another rank failed")
         if ok:
+            lookup = reservation.lookup
+            self.page_hashes.remember(lookup.namespace, lookup.tokens.tobytes(),
+                                      lookup.prefix_len // self.page_size, lookup.keys)
             try:
                 result = publish(self.cache, self.cache.components, reservation)
             except ValueError as exc:  # the insert refused before changing anything
@@ -326,7 +367,8 @@ class ExternalCacheLinker:
                 self._deliver_failure(member, reason)
             release(self.cache, reservation)
             return
-        self.offload.mark_loaded(result.last_node, reservation.prefix_len)
+        self.offload.mark_loaded(result.last_node, reservation.prefix_len,
+                                 reservation.transfers)
         self._stats["loaded_bytes"] += done.num_bytes
         self._stats["loaded_pages"] += reservation.lookup.num_pages
         self._deliver_success(transfer)
@@ -375,14 +417,16 @@ class ExternalCacheLinker:
         """The tree split ``child`` (``TreeObserver``)."""
         self.offload.on_split(parent, child)
 
-    def submit(self, kind: TransferKind, pools: list[PoolPages]) -> int:
+    def submit(self, job: Job) -> int:
         """Queue a worker job whose completion this linker applies."""
-        job_id = self._worker.submit(kind, pools)
+        job_id = self._worker.submit(job)
         self._pending.add(job_id)
         return job_id
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait for in-flight offloads (and loads) and apply their results; False on timeout."""
+        """Send queued offloads, wait for in-flight offloads (and loads) and apply their
+        results; False on timeout."""
+        self.offload.flush_batch()
         idle = self._worker.wait_idle(timeout)
         self._process(self._worker.drain())
         return idle
@@ -392,6 +436,7 @@ class ExternalCacheLinker:
         linker holds (in that order). Idempotent."""
         if self._closed:
             return
+        self.offload.flush_batch()
         self._closed = True
         for transfer in self._loads.transfers():  # NOTE: aborted anyway; skip their writes
             self._worker.cancel(transfer.job_id)
@@ -413,6 +458,8 @@ class ExternalCacheLinker:
         ``offload_seconds`` histogram snapshots."""
         gauges = {**self._loads.stats(), **self._lookups.stats(), **self.guard.stats()}
         gauges["pending_transfers"] = self._worker.pending
+        gauges.update(self.arena.stats())
+        gauges["hash_reuses"] = self.page_hashes.hits
         return self.metrics.snapshot(self.offload.stats(), **gauges)
 
     def count(self, name: str, n: int = 1) -> None:

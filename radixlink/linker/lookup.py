@@ -55,6 +55,7 @@ def restorable_pages(linker: Any, keys: list[str], namespace: Any) -> list[int]:
     if exists is None:
         linker.count("lookups_skipped" if linker.guard.last_skipped else "failures_lookup")
         return []
+    linker.offload.forget_absent(transfers, exists)  # NOTE: evicted from the store: rewrite
     windows = {c.pool_name: c.window_pages for c in components if c.window_pages > 0}
     presence = presence_from_store(transfers, exists, window_pages=windows)
     return restorable_prefix_pages(len(keys), presence).restorable_prefix_pages
@@ -71,6 +72,8 @@ def find_restorable(linker: Any, result: MatchResult, key: bytes, namespace: Any
     if num_pages <= 0:
         return None
     keys = tail_hashes(linker.cache, result, tokens, namespace)
+    # NOTE: the insert of these tokens that follows reuses the hashes (hashed once per page)
+    linker.page_hashes.remember(namespace, key, prefix // ps, keys)
     pages = restorable_pages(linker, keys, namespace)
     best = max(linker.ranks.intersect(pages, num_pages), default=0)
     if not best:

@@ -1,5 +1,6 @@
-"""Records of the linker: what a lookup found, a load in flight, an offload in flight, and the
-``LoadOutcome`` handed to the engine; plus the pool adapters that move page bytes.
+"""Records of the linker: what a lookup found, a load in flight, an offload in flight, the
+``LoadOutcome`` and ``Landing`` handed to the engine; plus the pool adapters that move page
+bytes between pools and staging frames.
 
 Owns plain data and byte movement between pools and host buffers. Must not touch the tree.
 """
@@ -10,9 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from radixlink.contract import MatchResult, PoolName, PoolTransfer
+from radixlink.linker.progress import LayerProgress
+from radixlink.linker.staging import Frames
 from radixlink.memory.pools import KVPool, MambaStatePool
 
 
@@ -86,28 +90,88 @@ class Offload:
     nodes: list[Any]
     num_bytes: int
     num_pages: int
+    written: list[list[int]]  # ids (KnownPages) of the pages it writes, known ones skipped
+    ready: Any = None  # CUDA: the event of the gather into staging (None on CPU)
 
 
-def pool_payloads(pool: Any, transfer: PoolTransfer) -> list[torch.Tensor]:
-    """Copy a transfer's pages out of ``pool`` into host memory, one uint8 row per key."""
-    slots = transfer.device_indices
-    assert slots is not None, f"OFFLOAD transfer of {transfer.name} has no device slots"
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Landing:
+    """Where a load in flight is landing, for an engine that computes layer by layer while
+    the pages arrive (``ExternalCacheLinker.landing``). Valid until ``wait_load`` / ``poll``
+    returns the outcome: then use the outcome's (canonical) slots.
+
+    ::
+
+        device_indices |-- device prefix (locked) --|-- reserved slots (being written) --|
+                       0                     prefix_len - loaded_len               prefix_len
+
+    Attributes:
+        req_id: the request.
+        prefix_len: tokens device prefix + loaded tail, page aligned.
+        loaded_len: tokens coming from the store.
+        device_indices: full-pool slots of ``[0, prefix_len)`` (read them, never free them).
+        progress: per pool and layer, what has landed.
+    """
+
+    req_id: Any
+    prefix_len: int
+    loaded_len: int
+    device_indices: torch.Tensor
+    progress: LayerProgress
+
+    def wait_layer(self, pool: PoolName, layer: int, timeout: float | None = None) -> bool:
+        """Block until layer ``layer`` of ``pool`` has landed (on CUDA: the current stream
+        waits for it). False when the load failed or was cancelled (recompute instead)."""
+        return self.progress.wait(pool, layer, timeout)
+
+
+def page_ids(slots: torch.Tensor, page_size: int) -> Any:
+    """Page ids of whole-page slot runs the tree handed out (no checks: the tree's own): a
+    numpy array for CPU slots (cheaper to index with), else a tensor on their device."""
+    if slots.device.type == "cpu":
+        return slots.numpy()[::page_size] // page_size
+    return slots[::page_size].div(page_size, rounding_mode="floor")
+
+
+def gather_pages(pool: Any, parts: list[Any], frames: Frames) -> None:
+    """Copy pages out of ``pool`` into the payloads of ``frames``: ``parts`` are page-id
+    tensors (KV, SWA) or one-slot tensors (MAMBA), in frame order. On CUDA the copy is only
+    queued on the current stream."""
+    payloads = frames.payloads()
     if isinstance(pool, MambaStatePool):
-        return [pool.read_state(int(slots.reshape(-1)[0]))]
+        for row, slot in enumerate(parts):
+            pool.read_state(int(slot.reshape(-1)[0]), out=payloads[row])
+        return
     assert isinstance(pool, KVPool), f"no page adapter for {type(pool).__name__}"
-    return list(pool.read_pages(slots))
+    if len(parts) == 1:
+        pool.gather(parts[0], payloads)
+    elif isinstance(parts[0], np.ndarray):
+        pool.gather(np.concatenate(parts), payloads)
+    else:
+        pool.gather(torch.cat(parts), payloads)
 
 
-def pool_writer(pool: Any, transfer: PoolTransfer) -> Callable[[torch.Tensor], None]:
-    """A function that writes a ``[num_pages, page_bytes]`` host buffer into the transfer's
-    reserved slots (called on a worker thread; the slots are reserved, nobody else uses them)."""
+def pool_lander(pool: Any, transfer: PoolTransfer,
+                frames: Frames) -> tuple[Callable[[int | None], None], int]:
+    """A function writing the verified payloads of ``frames`` into the transfer's reserved
+    slots (one layer, or all with None; called on a worker thread: the slots are reserved,
+    nobody else uses them), and the pool's layer count (0: it lands whole)."""
     slots = transfer.device_indices
     assert slots is not None, f"LOAD transfer of {transfer.name} has no device slots"
+    payloads = frames.payloads()
     if isinstance(pool, MambaStatePool):
         slot = int(slots.reshape(-1)[0])
-        return lambda data: pool.write_state(slot, data[0])
+        return (lambda layer: pool.write_state(slot, payloads[0])), 0
     assert isinstance(pool, KVPool), f"no page adapter for {type(pool).__name__}"
-    return lambda data: pool.write_pages(slots, data)
+    pages = page_ids(slots, pool.page_size)
+    staged: list[torch.Tensor] = []
+
+    def land(layer: int | None) -> None:
+        if not staged:  # NOTE: one host-to-device copy of all pages, then a scatter per layer
+            staged.append(pool.stage(payloads))
+        pool.scatter(pages, staged[0], layer)
+
+    return land, pool.layout.num_layers
 
 
 def pool_page_bytes(pool: Any) -> int:

@@ -1,8 +1,11 @@
-"""Background store I/O for the linker: load jobs (get, verify, write into reserved slots) and
-offload jobs (encode, put). Completions are records drained by the linker on the caller's thread.
+"""Background store I/O for the linker: load jobs (get into staging, verify, land in reserved
+slots layer by layer) and offload jobs (encode in place, one put). Completions are records
+drained by the linker on the caller's thread.
 
-Owns threads and the completion queue. Must not touch the tree: it only writes pool slots that a
-load reserved for it, and it never raises across threads (failures are a status).
+Owns threads and the completion queue; tells each load's ``LayerProgress`` what landed. Must
+not touch the tree:
+it only writes pool slots that a load reserved for it, and it never raises across threads
+(failures are a status).
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from radixlink.contract import PoolName
+from radixlink.linker.progress import LayerProgress
+from radixlink.linker.staging import Frames, StagingArena
 from radixlink.stores.base import Store
 from radixlink.stores.codec import PageCodec
 
@@ -44,16 +49,36 @@ _LOAD, _OFFLOAD = TransferKind.LOAD, TransferKind.OFFLOAD
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PoolPages:
-    """One pool's part of a transfer: its store keys, codec, and how to move the bytes.
+    """One pool's part of a transfer: its store keys, codec and frames in the job's staging.
 
-    ``write`` (loads) receives a uint8 ``[num_pages, page_bytes]`` host tensor to place into
-    the reserved slots; ``payloads`` (offloads) are the copied-out page bytes, one per key.
+    Loads also name where the verified payloads land: ``land(layer)`` writes that layer (or,
+    with ``layer=None``, everything) from the frames' payloads into the reserved slots;
+    ``num_layers`` is 0 for pools that land whole (Mamba states) before layer 0.
     """
 
+    name: PoolName
     keys: list[str]
     codec: PageCodec
-    write: Callable[[torch.Tensor], None] | None = None
-    payloads: Sequence[Any] = ()
+    frames: Frames
+    land: Callable[[int | None], None] | None = None
+    num_layers: int = 0
+
+
+@dataclass(slots=True, kw_only=True)
+class Job:
+    """A transfer: its pools, the staging buffer they live in (released when it ends) and, on
+    CUDA, the event its offload gather recorded (``ready``) or the stream its load lands on."""
+
+    kind: TransferKind
+    pools: Sequence[PoolPages]
+    staging: tuple[torch.Tensor, memoryview] | None = None
+    ready: Any = None
+    stream: Any = None
+    progress: LayerProgress | None = None
+
+    @property
+    def num_pages(self) -> int:
+        return sum(len(pool.keys) for pool in self.pools)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -73,33 +98,53 @@ class Completion:
         return self.status is TransferStatus.OK
 
 
+_STOP = None
+
+
 class TransferWorker:
-    """A small thread pool running store transfers; completions go to a queue.
+    """A few threads running store transfers from one queue; completions go to another.
 
     Args:
         store: the store every job talks to.
         num_threads: concurrent transfers.
+        arena: where staging buffers go back after their job.
     """
 
-    def __init__(self, store: Store, num_threads: int = 2):
+    def __init__(self, store: Store, num_threads: int = 2, arena: StagingArena | None = None):
         self.store = store
-        self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="radixlink")
-        self._done: queue.Queue[Completion] = queue.Queue()
+        self.arena = arena or StagingArena()
+        self._jobs: queue.SimpleQueue[tuple[int, Job] | None] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
         self._cancelled: set[int] = set()
         self._lock = threading.Lock()
         self._pending = 0
         self._idle = threading.Condition(self._lock)
         self._next_id = 0
         self._closed = False
+        self._threads = [threading.Thread(target=self._serve, name=f"radixlink-{i}",
+                                          daemon=True)
+                         for i in range(max(1, num_threads))]
+        for thread in self._threads:
+            thread.start()
 
-    def submit(self, kind: TransferKind, pools: Sequence[PoolPages]) -> int:
+    def submit(self, job: Job) -> int:
         """Queue a job; returns its id (ids increase in submission order).
 
-        LOAD: one batched get of every pool's keys, verify, then write into the reserved slots.
-        OFFLOAD: encode every payload, one batched put.
+        LOAD: one ``get_into`` of every pool's keys into the staging frames, verify every
+        page, then land them in the reserved slots layer by layer. OFFLOAD: encode every
+        frame in place (its payload was gathered into staging), one ``put``.
+
+        Raises:
+            ValueError: the worker is closed.
         """
-        run = self._run_load if kind is TransferKind.LOAD else self._run_offload
-        return self._submit(kind, run, pools)
+        with self._lock:
+            if self._closed:
+                raise ValueError("the linker's transfer worker is closed; create a new linker")
+            job_id = self._next_id
+            self._next_id += 1
+            self._pending += 1
+        self._jobs.put((job_id, job))
+        return job_id
 
     def cancel(self, job_id: int) -> None:
         """Ask a queued load not to write; it completes as CANCELLED (its slots stay reserved
@@ -110,6 +155,8 @@ class TransferWorker:
     def drain(self, block_for: float | None = None) -> list[Completion]:
         """Every completion available now; with ``block_for``, wait that long for the first."""
         out: list[Completion] = []
+        if block_for is None and self._done.empty():  # NOTE: the common case, no exception
+            return out
         try:
             if block_for is not None:
                 out.append(self._done.get(timeout=block_for))
@@ -138,29 +185,34 @@ class TransferWorker:
     def close(self) -> None:
         """Stop accepting jobs and join the threads (queued jobs still run to completion)."""
         with self._lock:
-            self._closed = True
-        self._pool.shutdown(wait=True)
-
-    def _submit(self, kind: TransferKind, fn: Callable[[int, Sequence[PoolPages]], Completion],
-                pools: Sequence[PoolPages]) -> int:
-        with self._lock:
             if self._closed:
-                raise ValueError("the linker's transfer worker is closed; create a new linker")
-            job_id = self._next_id
-            self._next_id += 1
-            self._pending += 1
-        self._pool.submit(self._guarded, job_id, kind, fn, pools)
-        return job_id
+                return
+            self._closed = True
+        for _ in self._threads:
+            self._jobs.put(_STOP)
+        for thread in self._threads:
+            thread.join()
 
-    def _guarded(self, job_id: int, kind: TransferKind,
-                 fn: Callable[[int, Sequence[PoolPages]], Completion],
-                 pools: Sequence[PoolPages]) -> None:
+    def _serve(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is _STOP:
+                return
+            self._guarded(*item)
+
+    def _guarded(self, job_id: int, job: Job) -> None:
         start = time.perf_counter()
         try:
-            done = fn(job_id, pools)
+            done = self._run_load(job_id, job) if job.kind is _LOAD else self._run_offload(
+                job_id, job)
         except Exception as exc:  # noqa: BLE001 - a failure is a status, never a raise across threads
-            done = Completion(job_id=job_id, kind=kind, status=TransferStatus.STORE_ERROR,
+            done = Completion(job_id=job_id, kind=job.kind, status=TransferStatus.STORE_ERROR,
                               detail=f"{type(exc).__name__}: {exc}")
+        finally:
+            if job.staging is not None:
+                self.arena.release(*job.staging)
+        if job.progress is not None and not done.ok:
+            job.progress.fail()
         done.seconds = time.perf_counter() - start
         self._done.put(done)
         with self._idle:
@@ -168,44 +220,116 @@ class TransferWorker:
             self._cancelled.discard(job_id)
             self._idle.notify_all()
 
-    def _run_load(self, job_id: int, pools: Sequence[PoolPages]) -> Completion:
-        keys = [key for pool in pools for key in pool.keys]
-        blobs = self.store.get(keys)
-        pages: list[torch.Tensor] = []
-        pos, num_bytes = 0, 0
-        for pool in pools:
-            raw = blobs[pos : pos + len(pool.keys)]
-            pos += len(pool.keys)
-            views = [pool.codec.decode(blob, key) for blob, key in zip(raw, pool.keys)]
-            if any(v is None for v in views):
-                missing = any(b is None for b in raw)
-                status = TransferStatus.MISSING if missing else TransferStatus.CORRUPT
-                return Completion(job_id=job_id, kind=_LOAD, status=status,
-                                  detail=f"{sum(v is None for v in views)} bad page(s)")
-            if any(v.nbytes != pool.codec.page_bytes for v in views):  # type: ignore[union-attr]
-                return Completion(job_id=job_id, kind=_LOAD, status=TransferStatus.CORRUPT,
-                                  detail="short page")
-            # NOTE: one join + one frombuffer per pool; the pool scatters all pages in one op.
-            joined = bytearray(b"".join(views))  # type: ignore[arg-type]
-            pages.append(torch.frombuffer(joined, dtype=torch.uint8).view(len(views), -1))
-            num_bytes += len(joined)
+    def _is_cancelled(self, job_id: int) -> bool:
         with self._lock:
-            if job_id in self._cancelled:
-                return Completion(job_id=job_id, kind=_LOAD, status=TransferStatus.CANCELLED)
-        for pool, data in zip(pools, pages):
-            assert pool.write is not None, "a load job needs a writer per pool"
-            pool.write(data)
+            return job_id in self._cancelled
+
+    def _run_load(self, job_id: int, job: Job) -> Completion:
+        """Read every page into staging, verify each, land them in the reserved slots.
+
+        A watched load (a layer-wise engine computes under it) lands its layers *before* the
+        pages are verified, so the copies overlap the engine's forward; the slots are private
+        until publish, which still comes only after every page verified (a failure then
+        fails the load and the engine drops what it computed)."""
+        pools = job.pools
+        keys = [key for pool in pools for key in pool.keys]
+        frames = [frame for pool in pools for frame in pool.frames.frames()]
+        sizes = self.store.get_into(keys, frames)
+        early = (job.progress is not None and job.progress.watched and None not in sizes
+                 and not self._is_cancelled(job_id))
+        landed = self._land(job_id, job) if early else False
+        missing = bad = short = pos = num_bytes = 0
+        for pool in pools:
+            codec, page_bytes = pool.codec, pool.codec.page_bytes
+            for key in pool.keys:
+                size, frame = sizes[pos], frames[pos]
+                pos += 1
+                if size is None:
+                    missing += 1
+                    continue
+                if size > frame.nbytes:  # longer than any page of this layout: its head only
+                    view = codec.decode(frame, key)
+                    if view is not None:  # a whole page followed by extra bytes
+                        codec.count_miss("length")
+                        view = None
+                else:
+                    view = codec.decode(frame[:size], key)
+                if view is None:
+                    bad += 1
+                elif view.nbytes != page_bytes:
+                    short += 1
+                else:
+                    num_bytes += page_bytes
+        if missing or bad:
+            status = TransferStatus.MISSING if missing else TransferStatus.CORRUPT
+            return Completion(job_id=job_id, kind=_LOAD, status=status,
+                              detail=f"{missing + bad} bad page(s)")
+        if short:
+            return Completion(job_id=job_id, kind=_LOAD, status=TransferStatus.CORRUPT,
+                              detail="short page")
+        if self._is_cancelled(job_id) or not (landed or (not early and self._land(job_id, job))):
+            return Completion(job_id=job_id, kind=_LOAD, status=TransferStatus.CANCELLED)
         return Completion(job_id=job_id, kind=_LOAD, status=TransferStatus.OK,
                           num_bytes=num_bytes)
 
-    def _run_offload(self, job_id: int, pools: Sequence[PoolPages]) -> Completion:
-        items: dict[str, bytes] = {}
-        for pool in pools:
-            for key, payload in zip(pool.keys, pool.payloads):
-                items[key] = pool.codec.encode(payload, key)
+    def _land(self, job_id: int, job: Job) -> bool:
+        """Write the verified pages into the reserved slots: whole pools (states) first, then
+        layer by layer, telling ``job.progress`` after each; False when cancelled between
+        layers. On CUDA the copies run on ``job.stream`` and the job ends after they finish."""
+        stream = job.stream
+        if stream is None:
+            return self._land_layers(job_id, job, None)
+        with torch.cuda.stream(stream):  # type: ignore[attr-defined]
+            landed = self._land_layers(job_id, job, stream)
+        stream.synchronize()  # NOTE: publish (on the engine thread) follows this completion
+        return landed
+
+    def _land_layers(self, job_id: int, job: Job, stream: Any) -> bool:
+        progress = job.progress
+        per_layer = progress is not None and progress.watched
+        layered = [pool for pool in job.pools if pool.num_layers and per_layer]
+        for pool in job.pools:
+            if not (pool.num_layers and per_layer):
+                assert pool.land is not None, "a load job needs a writer per pool"
+                pool.land(None)
+                if progress is not None:
+                    progress.land(pool.name, None, _record(stream))
+        for layer in range(max((pool.num_layers for pool in layered), default=0)):
+            if layer and self._is_cancelled(job_id):
+                return False
+            for pool in layered:
+                if layer < pool.num_layers:
+                    assert pool.land is not None, "a load job needs a writer per pool"
+                    pool.land(layer)
+                    if progress is not None:
+                        progress.land(pool.name, layer, _record(stream))
+        return True
+
+    def _run_offload(self, job_id: int, job: Job) -> Completion:
+        """Encode every frame in place and write them all with one ``put``."""
+        if job.ready is not None:
+            job.ready.synchronize()  # the device-to-host gather has landed in staging
+        items: dict[str, memoryview] = {}
+        num_bytes = 0
+        for pool in job.pools:
+            frames = pool.frames
+            items.update(zip(pool.keys, pool.codec.encode_frames(frames.block(), frames.stride,
+                                                                 pool.keys)))
+            num_bytes += len(pool.keys) * pool.codec.frame_bytes
+        # NOTE: the store copies or writes the views before put returns (Store contract), so
+        # the staging buffer goes back to the arena right after.
         results = self.store.put(items)
-        num_bytes = sum(len(v) for v in items.values())
-        status = TransferStatus.OK if all(results) else TransferStatus.STORE_ERROR
-        detail = "" if all(results) else f"{results.count(False)} page(s) not stored"
-        return Completion(job_id=job_id, kind=_OFFLOAD, status=status, num_bytes=num_bytes,
-                          detail=detail)
+        failed = results.count(False)
+        return Completion(job_id=job_id, kind=_OFFLOAD,
+                          status=TransferStatus.STORE_ERROR if failed else TransferStatus.OK,
+                          num_bytes=num_bytes,
+                          detail=f"{failed} page(s) not stored" if failed else "")
+
+
+def _record(stream: Any) -> Any:
+    """A CUDA event recorded on ``stream`` now, or None on CPU."""
+    if stream is None:
+        return None
+    event = torch.cuda.Event()  # type: ignore[attr-defined]
+    event.record(stream)
+    return event

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import operator
 
+import numpy as np
 import torch
 
 from radixlink.memory.layout import KVLayout, StateLayout
@@ -20,6 +21,18 @@ _WIDE_DTYPES = (torch.complex128, torch.int64, torch.int32, torch.int16, torch.u
 
 def _widest_dtype(row_bytes: int) -> torch.dtype:
     return next(dt for dt in _WIDE_DTYPES if row_bytes % dt.itemsize == 0)
+
+
+_SMALL_BYTES = 1 << 18  # gathers up to this size run in numpy (call overhead), larger in torch
+
+
+def _np_index(pages: torch.Tensor | np.ndarray) -> np.ndarray:
+    """Page ids as a numpy index (a CPU tensor's view, no copy)."""
+    return pages if isinstance(pages, np.ndarray) else pages.numpy()
+
+
+def _torch_index(pages: torch.Tensor | np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(pages) if isinstance(pages, np.ndarray) else pages
 
 
 def _host_empty(shape: tuple[int, ...]) -> torch.Tensor:
@@ -100,6 +113,9 @@ class KVPool:
         self._row_base = torch.arange(2 * nl, dtype=torch.int64, device=self.device)
         self._row_base *= self.num_pages
         self._offsets = torch.arange(ps, dtype=torch.int64, device=self.device)
+        # NOTE: on CPU a numpy view of the same rows: numpy's per-call overhead is ~1 us
+        # against torch's ~4 us, which is most of the cost of moving a few small pages.
+        self._np_rows = self._pages_view.numpy() if self.device.type == "cpu" else None
 
     def k(self, layer: int) -> torch.Tensor:
         """K of ``layer`` as a view ``[num_slots, num_kv_heads, head_dim]``."""
@@ -115,6 +131,8 @@ class KVPool:
         Args:
             slots: int64 1-D, whole page-aligned pages of this pool (not page 0).
             out: optional host uint8 ``[num_pages, page_bytes]`` to fill (skips allocation).
+                Its rows may be spaced (``out.stride() == (s, 1)``, ``s >= page_bytes``), e.g.
+                the payloads of encoded pages in a staging buffer.
 
         Returns:
             uint8 CPU tensor ``[len(slots) // page_size, page_bytes]``; row i is page i.
@@ -122,52 +140,152 @@ class KVPool:
         Raises:
             ValueError: for malformed slots or ``out``.
         """
-        idx = self._row_index(self._pages(slots, unique=False))
-        shape = (idx.numel() // self._rows_per_page, self.layout.page_bytes)
+        pages = self._pages(slots, unique=False)
+        shape = (pages.numel(), self.layout.page_bytes)
         if out is None:
             out = (
                 _host_empty(shape)
                 if self.device.type == "cuda"
                 else torch.empty(shape, dtype=_UINT8)
             )
-        elif _check_bytes("out", out, shape).device.type != "cpu" or not out.is_contiguous():
+        elif (_check_bytes("out", out, shape).device.type != "cpu" or out.stride(-1) != 1
+              or (shape[0] > 1 and out.stride(0) < shape[1])):
             raise ValueError(
-                f"out must be a contiguous CPU tensor, got {out.device} {out.stride()}"
+                f"out must be a CPU tensor with contiguous, non-overlapping rows, got "
+                f"{out.device} {out.stride()}"
             )
-        if out.data_ptr() % self._wide.itemsize:  # cannot be viewed as wide rows: fill a copy
-            out.copy_(self.read_pages(slots))
-            return out
-        if self.device.type == "cpu":
-            # One gather, written straight into page-major order: no permute pass.
-            torch.index_select(self._rows, 0, idx, out=self._as_rows(out))
-            return out
-        gathered = torch.index_select(self._rows, 0, idx)
-        self._as_rows(out).copy_(gathered, non_blocking=True)
+        self.gather(pages, out)
         _sync(self.device)  # the caller reads host memory next
         return out
+
+    def gather(self, pages: torch.Tensor | np.ndarray, out: torch.Tensor) -> None:
+        """``read_pages`` for page ids the caller guarantees (the linker's, from the tree):
+        no checks. ``pages`` is an int64 tensor on the pool's device, or (CPU) a numpy array;
+        ``out`` is host uint8 ``[len(pages), page_bytes]`` with contiguous rows, possibly
+        spaced. On CUDA the copy is only queued on the current stream (the caller records an
+        event or synchronizes before reading ``out``).
+        """
+        if out.shape[0] == 0:
+            return
+        if self._np_rows is None:
+            self._gather_device(_torch_index(pages), out)
+            return
+        dst = self._rows_view(out)
+        if dst is not None and out.shape[0] * out.shape[1] <= _SMALL_BYTES:
+            # NOTE: small gathers in numpy: fancy indexing into a temporary, then one copy.
+            dst.numpy()[...] = self._np_rows[:, _np_index(pages)].transpose(1, 0, 2)
+            return
+        if dst is None:  # NOTE: rows that cannot be widened (odd address): fill via a copy
+            gathered = torch.index_select(self._rows, 0, self._row_index(_torch_index(pages)))
+            out.copy_(gathered.view(_UINT8).view(out.shape))
+        elif out.is_contiguous():
+            # One gather, written straight into page-major order: no permute pass.
+            idx = self._row_index(_torch_index(pages))
+            torch.index_select(self._rows, 0, idx, out=dst.view(-1, dst.shape[2]))
+        else:  # spaced rows (staging frames): one gather along the page dim of [rows, pages]
+            torch.index_select(self._pages_view, 1, _torch_index(pages), out=dst.transpose(0, 1))
 
     def write_pages(self, slots: torch.Tensor, buf: torch.Tensor) -> None:
         """Copy page-major bytes (as returned by ``read_pages``) into ``slots``.
 
         Args:
             slots: int64 1-D, whole page-aligned pages of this pool (not page 0), no repeats.
-            buf: uint8 ``[len(slots) // page_size, page_bytes]``, on the host or the device.
+            buf: uint8 ``[len(slots) // page_size, page_bytes]``, on the host or the device;
+                rows may be spaced (staging frames) or unaligned.
 
         Raises:
             ValueError: for malformed slots or ``buf``; nothing is written then.
         """
-        idx = self._row_index(self._pages(slots, unique=True))
-        shape = (idx.numel() // self._rows_per_page, self.layout.page_bytes)
-        src = _to_device(_check_bytes("buf", buf, shape).contiguous(), self.device)
-        if src.data_ptr() % self._wide.itemsize:
-            # Unaligned bytes (e.g. sliced from a socket buffer) cannot be widened in place.
-            src = src.clone()
-        self._rows.index_copy_(0, idx, self._as_rows(src))
+        pages = self._pages(slots, unique=True)
+        _check_bytes("buf", buf, (pages.numel(), self.layout.page_bytes))
+        self.scatter(pages, buf)
         _sync(self.device)  # the pages are in place when this returns, whatever stream reads them
 
-    def _as_rows(self, buf: torch.Tensor) -> torch.Tensor:
-        """``buf`` (aligned, contiguous uint8 pages) as the wide rows of ``self._rows``."""
-        return buf.view(self._wide).view(buf.shape[0] * self._rows_per_page, self._rows.shape[1])
+    def scatter(self, pages: torch.Tensor | np.ndarray, buf: torch.Tensor,
+                layer: int | None = None) -> None:
+        """``write_pages`` for page ids the caller guarantees (distinct, valid): no checks.
+        With ``layer``, only that layer's K and V rows of each page are written (layer-wise
+        loading). On CUDA the copy is only queued on the current stream.
+
+        Args:
+            pages: int64 page ids on this pool's device (on CPU also a numpy array).
+            buf: uint8 ``[len(pages), page_bytes]`` pages (host or device; rows may be spaced).
+            layer: one layer to write, or None for the whole pages.
+        """
+        if buf.shape[0] == 0:
+            return
+        src = self._rows_view(buf) if buf.device == self.device else None
+        if src is None:
+            src = self._rows_view(self.stage(buf))
+            assert src is not None, "staged pages are aligned"
+        if self._np_rows is not None:  # NOTE: numpy scatters any size at least as fast
+            rows, at = self._np_rows, _np_index(pages)
+            if layer is None:
+                rows[:, at] = src.numpy().transpose(1, 0, 2)
+            else:
+                nl = self.layout.num_layers
+                rows4 = rows.reshape(2, nl, self.num_pages, -1)
+                rows4[:, self._layer(layer), at] = (
+                    src.numpy().reshape(src.shape[0], 2, nl, -1)[:, :, layer].transpose(1, 0, 2))
+            return
+        index = _torch_index(pages)
+        if layer is None:
+            if src.is_contiguous():
+                self._rows.index_copy_(0, self._row_index(index), src.view(-1, src.shape[2]))
+            else:
+                self._pages_view.index_copy_(1, index, src.transpose(0, 1))
+            return
+        nl = self.layout.num_layers
+        dst = self._pages_view.view(2, nl, self.num_pages, -1)[:, self._layer(layer)]
+        layer_rows = src.view(src.shape[0], 2, nl, -1)[:, :, layer]
+        dst.index_copy_(1, index, layer_rows.transpose(0, 1))
+
+    def stage(self, buf: torch.Tensor) -> torch.Tensor:
+        """Pages (uint8 ``[n, page_bytes]``) as ``scatter`` reads them fastest: on this pool's
+        device and aligned. Aligned pages already there are returned as they are; host pages
+        bound for CUDA move in one copy of the span they cover (spaced rows keep their
+        spacing, so staging frames need no repacking; the copy is queued on the current
+        stream); anything that still cannot be widened is cloned. Stage once, then scatter
+        layer by layer."""
+        if buf.device != self.device:
+            n, width = buf.shape
+            stride = buf.stride(0) if n > 1 else width
+            if buf.stride(-1) == 1 and stride >= width:
+                span = (n - 1) * stride + width
+                flat = _to_device(buf.as_strided((span,), (1,)), self.device)
+                buf = flat.as_strided((n, width), (stride, 1))
+            else:
+                buf = _to_device(buf.contiguous(), self.device)
+        if self._rows_view(buf) is None:
+            buf = buf.clone(memory_format=torch.contiguous_format)
+        return buf
+
+    def _rows_view(self, buf: torch.Tensor) -> torch.Tensor | None:
+        """``buf`` (uint8 pages, contiguous rows) as wide rows ``[pages, 2 * layers, row]``
+        without a copy, or None when its address or row spacing cannot be widened."""
+        wide = self._wide.itemsize
+        if buf.stride(-1) != 1 or buf.data_ptr() % wide or (buf.shape[0] > 1 and
+                                                              buf.stride(0) % wide):
+            return None
+        return buf.view(self._wide).view(buf.shape[0], self._rows_per_page, -1)
+
+    def _gather_device(self, pages: torch.Tensor, out: torch.Tensor) -> None:
+        """CUDA: gather into a device buffer laid out like ``out`` (spaced rows included),
+        then one contiguous device-to-host copy of the span ``out`` covers."""
+        n, stride = out.shape[0], out.stride(0)
+        span = (n - 1) * stride + out.shape[1]
+        temp = torch.empty(span + (-span) % 16, dtype=_UINT8, device=self.device)
+        rows = temp.as_strided(out.shape, out.stride())
+        wide = self._rows_view(rows)
+        assert wide is not None, "a fresh device buffer is aligned"
+        torch.index_select(self._pages_view, 1, pages, out=wide.transpose(0, 1))
+        host = out.as_strided((span,), (1,))
+        host.copy_(temp[:span], non_blocking=out.is_pinned())
+
+    @property
+    def _pages_view(self) -> torch.Tensor:
+        """The pool as ``[2 * layers, pages, row]`` wide rows: dim 1 indexes pages."""
+        return self._rows.view(self._rows_per_page, self.num_pages, -1)
 
     def _row_index(self, pages: torch.Tensor) -> torch.Tensor:
         return (pages[:, None] + self._row_base).reshape(-1)

@@ -52,14 +52,41 @@ class Store(ABC):
     def get(self, keys: Sequence[str]) -> list[bytes | None]:
         """The stored value of each key, or None where it is missing. A hit is a use (LRU)."""
 
+    def get_into(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int | None]:
+        """Read each key's value into the start of its buffer: the fast path of loads, which
+        land pages in a reusable staging buffer instead of a new ``bytes`` per page.
+
+        Args:
+            keys: the keys, as for ``get``.
+            buffers: one writable byte view per key.
+
+        Returns:
+            Per key its value's length (``buffers[i][:n]`` holds it), or None where it is
+            missing. A value longer than its buffer fills the buffer with its first bytes
+            (enough to read a page header) and its whole length is returned, so the caller
+            can tell it apart without reading the rest.
+
+        Raises:
+            ValueError: ``keys`` and ``buffers`` differ in length.
+
+        The default copies from ``get``; memory and directory stores read straight into the
+        buffers. A hit is a use (LRU), as for ``get``.
+        """
+        if len(keys) != len(buffers):
+            raise ValueError(f"get_into: {len(keys)} keys but {len(buffers)} buffers; pass one "
+                             "buffer per key")
+        return [copy_into(buf, value) for buf, value in zip(buffers, self.get(keys))]
+
     @abstractmethod
-    def put(self, items: Mapping[str, bytes]) -> list[bool]:
+    def put(self, items: Mapping[str, Any]) -> list[bool]:
         """Store every item, overwriting; True per item the store accepted, in ``items`` order.
 
-        False means not stored (write error, value larger than the capacity, disk full) and
-        is counted in ``stats()``. An accepted page may still be evicted later, even by the
-        same batch when the batch alone exceeds the capacity. The store keeps no reference
-        to the caller's buffers beyond the call unless they are immutable ``bytes``.
+        Values are bytes-like: ``bytes``, ``bytearray`` or a (C-contiguous) ``memoryview``,
+        e.g. encoded pages in the linker's staging buffer. False means not stored (write
+        error, value larger than the capacity, disk full) and is counted in ``stats()``. An
+        accepted page may still be evicted later, even by the same batch when the batch alone
+        exceeds the capacity. The store keeps no reference to the caller's buffers beyond the
+        call unless they are immutable ``bytes``: the caller may reuse them once put returns.
         """
 
     @abstractmethod
@@ -103,3 +130,15 @@ class Store(ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def copy_into(buffer: memoryview, value: Any) -> int | None:
+    """Copy a store value into the start of ``buffer``; its length, or None for a missing one.
+    A value longer than ``buffer`` fills it with its first bytes (its length says so)."""
+    if value is None:
+        return None
+    view = memoryview(value).cast("B") if type(value) is not bytes else memoryview(value)
+    size = view.nbytes
+    head = min(size, buffer.nbytes)
+    buffer[:head] = view[:head]
+    return size

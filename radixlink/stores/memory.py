@@ -6,7 +6,7 @@ Owns a dict of immutable bytes values. Nothing survives ``close()`` or the proce
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -23,8 +23,9 @@ PARAMS = {
 
 class MemoryStore(Store):
     """Thread-safe LRU of ``bytes`` values, evicting least recently used pages past
-    ``capacity_bytes``. Values are stored by reference (bytes are immutable), so put and get
-    copy nothing.
+    ``capacity_bytes``. ``bytes`` values are stored by reference (they are immutable) and
+    ``get`` returns them as stored, so neither copies; other buffers are copied once on put,
+    and ``get_into`` copies once into the caller's buffer.
 
     Args:
         capacity_bytes: the most value bytes held; a single value larger than this is refused
@@ -56,34 +57,73 @@ class MemoryStore(Store):
             return [key in pages for key in keys]
 
     def get(self, keys: Sequence[str]) -> list[bytes | None]:
-        out: list[bytes | None] = []
+        pages = self._pages
         with self._lock:
-            for key in keys:
-                value = self._pages.get(key)
-                if value is not None:
-                    self._pages.move_to_end(key)
-                out.append(value)
-            hits = sum(value is not None for value in out)
-            self._counts["hits"] += hits
-            self._counts["misses"] += len(out) - hits
+            out = list(map(pages.get, keys))
+            misses = out.count(None)
+            # NOTE: the LRU refresh in one C loop (deque of maxlen 0 just drains the map)
+            if not misses:
+                deque(map(pages.move_to_end, keys), maxlen=0)
+            else:
+                deque(map(pages.move_to_end, [k for k, v in zip(keys, out) if v is not None]),
+                      maxlen=0)
+            self._counts["hits"] += len(out) - misses
+            self._counts["misses"] += misses
         return out
 
-    def put(self, items: Mapping[str, bytes]) -> list[bool]:
-        # NOTE: bytes(...) is a no-op for bytes and copies other buffers, outside the lock.
-        values = [(key, bytes(value)) for key, value in items.items()]
-        out = []
+    def get_into(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int | None]:
+        """Copy each value into its buffer (the one copy a load needs); see ``Store``."""
+        if len(keys) != len(buffers):
+            raise ValueError(f"get_into: {len(keys)} keys but {len(buffers)} buffers; pass one "
+                             "buffer per key")
+        # NOTE: the references are taken under the lock, the copies run outside it (values
+        # are immutable bytes, so a concurrent overwrite or eviction cannot tear them).
+        out: list[int | None] = []
+        for buf, value in zip(buffers, self.get(keys)):
+            if value is None:
+                out.append(None)
+                continue
+            size = len(value)
+            if size <= buf.nbytes:
+                buf[:size] = value
+            else:
+                buf[:] = value[: buf.nbytes]
+            out.append(size)
+        return out
+
+    def put(self, items: Mapping[str, Any]) -> list[bool]:
+        # NOTE: bytes(...) is a no-op for bytes and copies other buffers (a staging view the
+        # caller reuses), outside the lock: the one copy a memory store needs.
+        keys = list(items)
+        values = [value if type(value) is bytes else bytes(value) for value in items.values()]
+        sizes = list(map(len, values))
+        if not sizes:
+            return []
+        pages = self._pages
         with self._lock:
-            for key, value in values:
-                ok = len(value) <= self.capacity_bytes
-                if ok:
-                    old = self._pages.pop(key, None)
-                    self._bytes += len(value) - (len(old) if old is not None else 0)
-                    self._pages[key] = value
-                out.append(ok)
+            if max(sizes) <= self.capacity_bytes:
+                # NOTE: the common batch in C loops: drop old copies, then one update (new
+                # keys go to the LRU end; replaced ones were popped first so they do too).
+                if not pages.keys().isdisjoint(keys):
+                    for key in pages.keys() & set(keys):
+                        self._bytes -= len(pages.pop(key))
+                pages.update(zip(keys, values))
+                self._bytes += sum(sizes)
+                out = [True] * len(keys)
+            else:
+                out = [self._put_one_locked(key, value) for key, value in zip(keys, values)]
             self._counts["puts"] += len(out)
             self._counts["put_failures"] += out.count(False)
             self._evict_locked()
         return out
+
+    def _put_one_locked(self, key: str, value: bytes) -> bool:
+        if len(value) > self.capacity_bytes:
+            return False
+        old = self._pages.pop(key, None)
+        self._bytes += len(value) - (len(old) if old is not None else 0)
+        self._pages[key] = value
+        return True
 
     def delete(self, keys: Sequence[str]) -> int:
         removed = 0

@@ -75,6 +75,48 @@ def read_page(path: str, max_bytes: int, touch_before: float | None) -> bytes:
         os.close(fd)
 
 
+def read_page_into(path: str, buffer: memoryview, max_bytes: int,
+                   touch_before: float | None) -> int:
+    """Read the page file at ``path`` into the start of ``buffer`` (no allocation): the same
+    rules as ``read_page``. Returns the file's size; of a file larger than ``buffer`` (but
+    within ``max_bytes``) only the first ``len(buffer)`` bytes are read, its size says so. A
+    file that shrank under the read returns the bytes actually read (the codec sees a
+    truncated page, a miss).
+
+    Raises:
+        FileNotFoundError, NotAPage, OSError: as ``read_page``.
+    """
+    try:
+        fd = os.open(path, READ_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # the page name is a symlink
+            raise NotAPage(exc.errno, "a symlink under a page name") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotAPage(0, "not a regular file")
+        size = st.st_size
+        if size > max_bytes:
+            raise NotAPage(0, f"{size} bytes, over max_page_bytes={max_bytes}")
+        want = min(size, buffer.nbytes)
+        # NOTE: one readv per page straight into the caller's buffer; loop only if short.
+        done = os.readv(fd, [buffer[:want]])
+        while done < want:
+            part = os.readv(fd, [buffer[done:want]])
+            if not part:
+                return done
+            done += part
+        if touch_before is not None and st.st_mtime < touch_before:
+            try:
+                os.utime(fd)  # NOTE: as read_page: rarely, and through the page's own fd
+            except OSError:
+                pass
+        return size
+    finally:
+        os.close(fd)
+
+
 def page_size_on_disk(path: str, max_bytes: int) -> int | None:
     """The size of the page file at ``path``, or None when there is no page there (missing,
     a symlink, not a regular file, or over ``max_bytes``). Follows no link."""

@@ -195,7 +195,7 @@ class RedisStore(Store):
         self._count(hits=hits, misses=len(values) - hits)
         return values
 
-    def put(self, items: Mapping[str, bytes]) -> list[bool]:
+    def put(self, items: Mapping[str, Any]) -> list[bool]:
         if not items:
             return []
         if self.read_only:
@@ -204,6 +204,10 @@ class RedisStore(Store):
         with self._guard("put"):
             pipe = self.client.pipeline(transaction=False)
             for key, value in items.items():
+                # NOTE: memoryviews (pages in the linker's staging) go out as they are: the
+                # pure-Python packer sends them without a copy; redis-py needs byte views.
+                if type(value) is not bytes:
+                    value = memoryview(value).cast("B")
                 pipe.set(key, value, ex=self.ttl_s)
             # NOTE: a per-command error (OOM under maxmemory-policy noeviction) is one False.
             results = _one_per_key(pipe.execute(raise_on_error=False), items, "put")

@@ -129,6 +129,7 @@ class RadixTree:
         aligned_len: int,
         *,
         hit: bool = True,
+        page_hashes: tuple[int, list[str]] | None = None,
         strict_prefix: bool = False,
     ) -> tuple[InsertResult, Effects]:
         """Insert ``key[:aligned_len]`` with the caller's ``value`` (DESIGN.md section 4).
@@ -137,10 +138,14 @@ class RadixTree:
         the tree already holds are duplicates (``Effects.dropped``), tombstones adopt the
         caller's data (unevict) and the rest becomes a new leaf (``Effects.adopted``). With
         ``hit`` (and not ``params.chunked``) the existing nodes on the path count a hit.
+        ``page_hashes`` = ``(first page, hashes)``: chain hashes of pages ``first..`` of
+        ``key`` already computed by the caller (in the insert's namespace); a new leaf takes
+        those it covers instead of hashing them again. With ``strict_prefix`` the caller's
+        slots below ``prev_prefix_len`` must be exactly the tree's there (a linker's publish).
 
         Raises:
-            ValueError: ``prev_prefix_len`` exceeds what the tree holds of this key, or the
-                caller's slots below it are not the tree's slots there; nothing changed.
+            ValueError: ``prev_prefix_len`` exceeds what the tree holds of this key, or (strict)
+                the caller's slots below it are not the tree's slots there; nothing changed.
         """
         namespace = params.namespace
         root = self.root if namespace is None else self._roots.get(namespace_id(namespace))
@@ -182,7 +187,8 @@ class RadixTree:
                 events.emit_node("stored", "device", node)
         last = nodes[-1] if nodes else root
         if matched < aligned_len:
-            leaf = self._add_leaf(last, key[matched * TOKEN_BYTES : aligned_len * TOKEN_BYTES])
+            leaf = self._add_leaf(last, key[matched * TOKEN_BYTES : aligned_len * TOKEN_BYTES],
+                                  page_hashes)
             leaf.last_access = clock
             for component in components:
                 component.insert_leaf(ctx, leaf)
@@ -199,25 +205,51 @@ class RadixTree:
         result.last_node = last
         return result, effects
 
-    def _add_leaf(self, parent: TreeNode, key: bytes) -> TreeNode:
+    def _add_leaf(self, parent: TreeNode, key: bytes,
+                  known: tuple[int, list[str]] | None = None) -> TreeNode:
         self._next_id += 1
         leaf = TreeNode(self._next_id, key, parent, self.num_components)
         leaf.seq_len = parent.seq_len + (len(key) >> 2)
         parent.children[key[: self.page_bytes]] = leaf
         self.num_nodes += 1
         if self.hashing:
-            if parent.hash_value:
-                chain_parent, namespace = parent.hash_value[-1], None
-            else:  # a root: the chain starts from its namespace seed
-                chain_parent, namespace = None, parent.namespace
-            leaf.hash_value = page_hashes(
-                key_tokens(key),
-                self.page_size,
-                namespace,
-                parent=chain_parent,
-                algo=self.hash_algo,
-            )
+            leaf.hash_value = self._leaf_hashes(parent, key, known)
         return leaf
+
+    def _leaf_hashes(self, parent: TreeNode, key: bytes,
+                     known: tuple[int, list[str]] | None) -> list[str]:
+        """Chain hashes of a new leaf's pages under ``parent``: those ``known`` covers are
+        taken from it, the others are computed (continuing the chain either side).
+
+        ::
+
+            leaf pages   first ............................. first + n
+            known             start ........ start + len(hashes)
+            hashes       |-- computed --|--- taken ---|-- computed --|
+        """
+        first, n = parent.seq_len // self.page_size, len(key) // self.page_bytes
+        lo = hi = first
+        if known is not None:
+            start, hashes = known
+            lo, hi = max(first, start), min(first + n, start + len(hashes))
+        if hi <= lo:
+            return self._hash_pages(parent, key, None)
+        out = self._hash_pages(parent, key[: (lo - first) * self.page_bytes], None)
+        out += known[1][lo - start : hi - start]  # type: ignore[index]
+        if hi < first + n:
+            out += self._hash_pages(parent, key[(hi - first) * self.page_bytes :], out[-1])
+        return out
+
+    def _hash_pages(self, parent: TreeNode, key: bytes, after: str | None) -> list[str]:
+        """Hashes of ``key``'s pages continuing the chain at ``after`` (else ``parent``'s end,
+        else its namespace seed)."""
+        if not key:
+            return []
+        if after is None and parent.hash_value:
+            after = parent.hash_value[-1]
+        namespace = parent.namespace if after is None else None  # a root: its seed starts it
+        return page_hashes(key_tokens(key), self.page_size, namespace, parent=after,
+                           algo=self.hash_algo)
 
     def _split(self, node: TreeNode, num_tokens: int) -> TreeNode:
         """Cut the first ``num_tokens`` (whole pages) of ``node`` into a new parent; ``node``

@@ -67,6 +67,35 @@ class BackendContract:
         got = [bytes(c.decode(blob, key(i)) or b"") for i, blob in enumerate(blobs)]
         assert got == [payload(i) for i in range(8)]
 
+    def test_get_into_lands_values_in_caller_buffers(self, backend: Backend) -> None:
+        """get_into copies each value into its buffer and returns its length; a missing key is
+        None; a value longer than its buffer fills it with its head and reports its length."""
+        store, c = backend.open(), codec()
+        blobs = {key(i): c.encode(payload(i), key(i)) for i in range(3)}
+        store.put(blobs)
+        size = len(blobs[key(0)])
+        arena = bytearray(4 * size)
+        view = memoryview(arena)
+        buffers = [view[0:size], view[size : 2 * size], view[2 * size : 3 * size],
+                   view[3 * size : 3 * size + 100]]
+        sizes = store.get_into([key(0), key(9), key(2), key(1)], buffers)
+        assert sizes == [size, None, size, size]
+        assert bytes(buffers[0]) == blobs[key(0)] and bytes(buffers[2]) == blobs[key(2)]
+        assert bytes(buffers[3]) == blobs[key(1)][:100]
+        assert bytes(c.decode(buffers[0], key(0)) or b"") == payload(0)
+
+    def test_put_of_views_copies_before_returning(self, backend: Backend) -> None:
+        """put takes memoryviews into a buffer the caller reuses right after: the store keeps
+        the bytes as they were at put time, never a reference to the buffer."""
+        store, c = backend.open(), codec()
+        pages = [c.encode(payload(i), key(i)) for i in range(4)]
+        staging = bytearray(b"".join(pages))
+        view, size = memoryview(staging), len(pages[0])
+        assert store.put({key(i): view[i * size : (i + 1) * size] for i in range(4)}) == [True] * 4
+        staging[:] = bytes(len(staging))  # the caller reuses its staging buffer
+        store.flush()
+        assert store.get([key(i) for i in range(4)]) == pages
+
     def test_batch_presence(self, backend: Backend) -> None:
         """exists answers per key, in order, for a batch mixing stored and missing keys."""
         store = backend.open()

@@ -9,17 +9,16 @@ from radixlink.bench.store import main
 
 
 def test_bench_store_smoke(tmp_path: Path, capsys: object) -> None:
-    """Two page sizes x put/get rows, each with store, raw and ratio figures; and per page
-    size the codec with checksum only, key digest and HMAC measured side by side."""
+    """Two page sizes x (store alone, with the codec) x put/get rows, each with store, raw and
+    ratio figures; and per page size the codec with checksum only, key digest and HMAC
+    measured side by side."""
     out = tmp_path / "store.json"
     argv = ["--store", "memory://?capacity=64MiB", "--total", "1MiB", "--repeat", "1"]
     assert main([*argv, "--page-sizes", "64KiB,256KiB", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [(row["page"], row["op"]) for row in rows] == [
-        ("64 KiB", "put"),
-        ("64 KiB", "get"),
-        ("256 KiB", "put"),
-        ("256 KiB", "get"),
+        (page, op) for page in ("64 KiB", "256 KiB")
+        for op in ("put", "get", "encode+put", "get+decode")
     ]
     assert all(row["store GB/s"] > 0 and row["raw GB/s"] > 0 for row in rows)
     codec_rows = json.loads(out.read_text())["codec_rows"]

@@ -1,0 +1,146 @@
+"""Worker jobs built on the engine thread: a load's (staging frames, a writer into the reserved
+slots per pool, its ``LayerProgress``) and an offload batch's (the queued pages the store is
+not known to hold, gathered into one staging buffer).
+
+Owns the batch records and the choice of pages. Must not touch the tree: it reads the
+transfers the component hooks built, and pool memory only through the pool adapters.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from radixlink.contract import PoolName, PoolTransfer
+from radixlink.linker.known import KnownPages
+from radixlink.linker.progress import LayerProgress
+from radixlink.linker.records import gather_pages, page_ids, pool_lander
+from radixlink.linker.staging import StagingArena, frames_bytes, layout_frames
+from radixlink.linker.storekeys import StoreKeys
+from radixlink.linker.worker import Job, PoolPages, TransferKind
+from radixlink.memory.pools import MambaStatePool
+from radixlink.stores.codec import PageCodec
+
+CodecOf = Callable[[PoolName], PageCodec]
+
+
+class PoolPart:
+    """One pool's pages of a batch being gathered: keys to write, their ids in the record of
+    known pages (a list per transfer), and where their data is."""
+
+    __slots__ = ("pool", "keys", "ids", "parts")
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.keys: list[str] = []
+        self.ids: list[list[int]] = []
+        self.parts: list[Any] = []  # page ids (KV) or one state slot each (MAMBA)
+
+
+class Batch:
+    """Offloads queued since the last flush: their nodes (marked in flight with ``ticket``)
+    and each node's transfers as they were when queued."""
+
+    __slots__ = ("ticket", "nodes", "transfers", "num_pages", "num_bytes")
+
+    def __init__(self, ticket: int) -> None:
+        self.ticket = ticket
+        self.nodes: list[Any] = []
+        self.transfers: list[tuple[Any, PoolTransfer]] = []  # (namespace, transfer)
+        self.num_pages = 0
+        self.num_bytes = 0
+
+
+def select_pages(batch: Batch, cache: Any, keyspace: StoreKeys, known: KnownPages,
+                 skip: set[PoolName]) -> tuple[dict[PoolName, PoolPart], float | None]:
+    """Per pool, the keys, record ids and page ids of the batch's pages not known to be
+    stored (pools in ``skip`` are written by another rank); and since when the skipped
+    pages are known (None when some page of the batch is not)."""
+    parts: dict[PoolName, PoolPart] = {}
+    oldest: float | None = time.monotonic()
+    for namespace, transfer in batch.transfers:
+        name = transfer.name
+        if name in skip:
+            continue
+        hashes = transfer.keys
+        todo, ids, since = known.unknown(name, hashes)
+        if since is not None and oldest is not None:
+            oldest = min(oldest, since)
+        if todo is not None and not todo:
+            continue
+        part = parts.get(name)
+        if part is None:
+            part = parts[name] = PoolPart(cache.pool(name))
+        if todo is not None:
+            hashes = [hashes[i] for i in todo]
+        part.keys += keyspace.keys(name, namespace, hashes)
+        part.ids.append(ids)
+        _add_pages(part, transfer.device_indices, todo)
+    return parts, oldest
+
+
+def offload_job(parts: dict[PoolName, PoolPart], cache: Any, codec_of: CodecOf,
+                arena: StagingArena, stream: Any) -> tuple[Job, Any]:
+    """Copy every part's pages into one staging buffer (frames per pool) and wrap them in an
+    offload job; on CUDA (``stream``) the copies run on that side stream after the model's
+    writes, and the returned event says when they landed."""
+    if not parts:
+        return Job(kind=TransferKind.OFFLOAD, pools=[]), None
+    names = list(parts)
+    codecs = [codec_of(name) for name in names]
+    sizes = [(len(parts[name].keys), codec.page_bytes, codec.frame_bytes)
+             for name, codec in zip(names, codecs)]
+    staging = arena.acquire(frames_bytes(sizes))
+    blocks = layout_frames(staging[0], staging[1], sizes)
+    ready = None
+    if stream is None:
+        for name, frames in zip(names, blocks):
+            gather_pages(parts[name].pool, parts[name].parts, frames)
+    else:
+        stream.wait_stream(torch.cuda.current_stream(stream.device))
+        with torch.cuda.stream(stream):
+            for name, frames in zip(names, blocks):
+                gather_pages(parts[name].pool, parts[name].parts, frames)
+            ready = torch.cuda.Event()
+            ready.record(stream)
+    pools = [PoolPages(name=name, keys=parts[name].keys, codec=codec, frames=frames)
+             for name, codec, frames in zip(names, codecs, blocks)]
+    return Job(kind=TransferKind.OFFLOAD, pools=pools, staging=staging, ready=ready), ready
+
+
+def load_job(transfers: list[PoolTransfer | None], cache: Any, codec_of: CodecOf,
+             keys_of: Callable[[PoolTransfer], list[str]], arena: StagingArena) -> Job:
+    """The worker job of a load: per pool its keys, codec, staging frames and a writer into
+    the reserved slots; on CUDA its own stream; a ``LayerProgress`` for layer-wise engines."""
+    parts = [t for t in transfers if t is not None]
+    codecs = [codec_of(t.name) for t in parts]
+    sizes = [(len(t.keys), c.page_bytes, c.frame_bytes) for t, c in zip(parts, codecs)]
+    staging = arena.acquire(frames_bytes(sizes))
+    pools = []
+    for t, codec, frames in zip(parts, codecs, layout_frames(staging[0], staging[1], sizes)):
+        land, layers = pool_lander(cache.pool(t.name), t, frames)
+        pools.append(PoolPages(name=t.name, keys=keys_of(t), codec=codec, frames=frames,
+                               land=land, num_layers=layers))
+    stream = None
+    if cache.device.type == "cuda":  # NOTE: loads land on their own stream
+        stream = torch.cuda.Stream(cache.device)
+    progress = LayerProgress({p.name: p.num_layers for p in pools})
+    return Job(kind=TransferKind.LOAD, pools=pools, staging=staging, stream=stream,
+               progress=progress)
+
+
+def _add_pages(part: PoolPart, slots: Any, todo: list[int] | None) -> None:
+    """Append where the pages ``todo`` (None: all) of one transfer live to ``part``."""
+    pool = part.pool
+    if isinstance(pool, MambaStatePool):
+        part.parts.append(slots.reshape(-1)[:1])  # NOTE: one state, keyed by the last page
+        return
+    pages = page_ids(slots, pool.page_size)
+    if todo is not None:
+        pages = pages[todo if isinstance(pages, np.ndarray) else
+                      torch.tensor(todo, dtype=torch.int64, device=pages.device)]
+    part.parts.append(pages)
