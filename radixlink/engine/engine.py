@@ -184,6 +184,8 @@ class Engine:
         res.prefill_s = time.perf_counter() - t0  # NOTE: layer-wise: with the layers' waits
         res.ttft_s = time.perf_counter() - start
         res.loaded_bytes = self._loaded_bytes() - loaded_before
+        if self.linker is not None and not res.layerwise:  # NOTE: a pure compute timing
+            self.linker.observe_prefill(res.num_computed, use, res.prefill_s)
         out = self._decode(seq, next_id, len(prompt), max_new_tokens, res)
         self._insert(seq, prompt + out[:-1], use, prefix.lock)
         if self.linker is not None:

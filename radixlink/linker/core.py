@@ -12,15 +12,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
-
-from radixlink.contract import InsertParams, MatchResult, PoolTransfer
-from radixlink.linker.breaker import BreakerConfig, CircuitBreaker, StoreGuard
+from radixlink.contract import InsertParams, MatchResult, PoolName, PoolTransfer
+from radixlink.linker.breaker import CircuitBreaker, StoreGuard
+from radixlink.linker.completions import Completions
+from radixlink.linker.config import LinkerConfig
 from radixlink.linker.hashmemo import PageHashMemo
 from radixlink.linker.jobs import load_job
 from radixlink.linker.loads import LoadTable, Member, Transfer
 from radixlink.linker.lookup import RememberedLookups, find_restorable
-from radixlink.linker.offload import OffloadPolicy, WritePolicy
+from radixlink.linker.offload import OffloadPolicy
+from radixlink.linker.outcomes import failure_outcome, failure_reason, landing, success_outcomes
 from radixlink.linker.phases import lock_device_prefix, publish, release, reserve
 from radixlink.linker.progress import LayerProgress
 from radixlink.linker.ranks import LocalRankGroup, RankGroup
@@ -29,6 +30,7 @@ from radixlink.linker.staging import StagingArena
 from radixlink.linker.stats import LinkerStats
 from radixlink.linker.storekeys import StoreKeys
 from radixlink.linker.worker import Completion, Job, TransferStatus, TransferWorker
+from radixlink.policy import EstimateTracker, Source
 from radixlink.stores.base import Store
 from radixlink.stores.registry import open_store
 
@@ -50,75 +52,58 @@ class ExternalCacheLinker:
     unclaimed outcome is released). Each load has its own deadline (``load_timeout_s`` or
     ``load(timeout_s=)``, counted from ``load()``); it fails that request only.
 
-    Offloads start by themselves after inserts, by ``write_policy``: ``write_through``
-    (a node's first hit, its creating insert included), ``write_through_selective`` (its
-    ``write_through_threshold``-th hit) or ``write_back`` (just before eviction frees it).
+    Offloads start by themselves after inserts, by ``config.write_policy``; tunables are in
+    ``LinkerConfig`` (given as ``config=`` or as keyword arguments of the same names).
 
     Args:
         cache: the cache (built with ``enable_external_cache_linker=True`` and layouts).
         store: a ``Store`` or a store URL (the linker then owns and closes it).
         ranks: tensor-parallel agreement; the single-process default agrees with itself.
-        write_policy: when nodes are offloaded (see above).
-        write_through_threshold: hits before a ``write_through_selective`` offload.
-        max_inflight_bytes: offload bytes in flight; past it offloads are dropped, counted.
-        load_timeout_s: default per-request load deadline (slots are freed when the worker
-            returns, never before).
-        revalidate_after_s: a stored mark older than this is re-checked on the next hit.
-        num_threads: store transfer threads.
-        breaker: the lookup budget and circuit breaker for store calls on the caller's thread.
-        max_lookups, max_lookup_bytes, lookup_ttl_s: bounds on remembered lookups.
-        max_known_pages: store keys remembered as stored after their nodes left the device,
-            so a prefix inserted again is not written again (0: off).
+        config: a ``LinkerConfig``; or pass its fields as keyword arguments (``options``).
+        cost_model: an ``EstimateTracker`` (radixlink.policy): each lookup then loads the
+            restorable length that minimises the request's expected TTFT, possibly shorter or
+            none (docs/routing.md); it learns from the linker's loads and ``observe_prefill``.
+            None (default): load the largest restorable length. Same setting on every rank.
+
+    Raises:
+        ValueError: a bad option, or both ``config`` and options.
     """
 
-    def __init__(
-        self,
-        cache: Any,
-        store: Store | str,
-        *,
-        ranks: RankGroup | None = None,
-        write_policy: WritePolicy | str = WritePolicy.WRITE_THROUGH,
-        write_through_threshold: int = 2,
-        max_inflight_bytes: int = 256 << 20,
-        load_timeout_s: float = 30.0,
-        revalidate_after_s: float = 300.0,
-        num_threads: int = 2,
-        breaker: BreakerConfig | None = None,
-        max_lookups: int = 1 << 16,
-        max_lookup_bytes: int = 64 << 20,
-        lookup_ttl_s: float = 60.0,
-        max_known_pages: int = 1 << 18,
-    ):
-        if not load_timeout_s > 0:
-            raise ValueError(f"load_timeout_s must be positive, got {load_timeout_s!r}")
+    def __init__(self, cache: Any, store: Store | str, *, ranks: RankGroup | None = None,
+                 config: LinkerConfig | None = None, cost_model: EstimateTracker | None = None,
+                 **options: Any):
+        if config is not None and options:
+            raise ValueError(f"pass either config= or options {sorted(options)}, not both")
+        self.config = config = config or LinkerConfig(**options)
         self._owns_store = isinstance(store, str)
         self.store: Store = open_store(store) if isinstance(store, str) else store
         self.cache = cache
         self.ranks = ranks or LocalRankGroup()
         self.page_size: int = cache.page_size
-        self.load_timeout_s = load_timeout_s
+        self.load_timeout_s = config.load_timeout_s
+        self.cost_model = cost_model
+        self.bytes_per_token = _bytes_per_token(cache)
         self.metrics = LinkerStats()
         self._stats = self.metrics.counters
-        self.guard = StoreGuard(self.store, CircuitBreaker(breaker))
+        self.guard = StoreGuard(self.store, CircuitBreaker(config.breaker))
         self.arena = StagingArena(pinned=cache.device.type == "cuda",
-                                  max_cached_bytes=min(max_inflight_bytes, 256 << 20))
-        self._worker = TransferWorker(self.store, num_threads, self.arena)
+                                  max_cached_bytes=min(config.max_inflight_bytes, 256 << 20))
+        self._worker = TransferWorker(self.store, config.num_threads, self.arena)
         self.page_hashes = PageHashMemo(self.page_size)
         self._progress: dict[int, LayerProgress] = {}  # load job -> its landing progress
         # NOTE: with several ranks an age bound would drop a lookup on one rank only.
-        ttl = lookup_ttl_s if self.ranks.world_size == 1 else None
-        self._lookups = RememberedLookups(max_lookups, max_lookup_bytes, ttl)
+        ttl = config.lookup_ttl_s if self.ranks.world_size == 1 else None
+        self._lookups = RememberedLookups(config.max_lookups, config.max_lookup_bytes, ttl)
         self._loads = LoadTable()
-        self._pending: set[int] = set()  # job ids submitted, completion not applied yet
-        self._done: dict[int, Completion] = {}  # completions not applied yet, arrival order
+        self._jobs = Completions(self._worker, self.ranks)
         self._closed = False
         self.offload = OffloadPolicy(
             self,
-            write_policy=write_policy,
-            threshold=write_through_threshold,
-            max_inflight_bytes=max_inflight_bytes,
-            revalidate_after_s=revalidate_after_s,
-            max_known_pages=max_known_pages,
+            write_policy=config.write_policy,
+            threshold=config.write_through_threshold,
+            max_inflight_bytes=config.max_inflight_bytes,
+            revalidate_after_s=config.revalidate_after_s,
+            max_known_pages=config.max_known_pages,
         )
         self.keyspace = StoreKeys(self.ranks.rank, self.offload.replicated)
         cache.attach_linker(self)
@@ -216,28 +201,15 @@ class ExternalCacheLinker:
         return transfer
 
     def landing(self, req_id: Any) -> Landing | None:
-        """Where the load of ``req_id`` is landing, while it is in flight: the full-pool slots
-        of its whole prefix (device prefix + reserved slots being written) and a per-layer
-        wait. An engine may run its forward on these slots, waiting for layer ``i`` before
-        reading it, then must take the outcome (``wait_load`` / ``poll``) before using the
-        prefix further: the outcome's slots are the canonical ones (the reserved slots may be
-        duplicates the publish frees). Asking makes the load land layer by layer (call it
-        right after ``load``); otherwise each pool lands in one copy. None when ``req_id`` has
-        no load in flight."""
+        """Where the in-flight load of ``req_id`` is landing (``outcomes.landing``): the slots
+        of its whole prefix and a per-layer wait, for a forward that starts before the load
+        ends; then take the outcome before using the prefix further (its slots are the
+        canonical ones). Asking makes the load land layer by layer: call it right after
+        ``load``. None when ``req_id`` has no load in flight."""
         member = self._loads.member(req_id)
         if member is None or member.transfer is None:
             return None
-        reservation = member.transfer.reservation
-        progress = self._progress.get(member.transfer.job_id)
-        full = reservation.full
-        if progress is None or full is None or full.device_indices is None:
-            return None
-        lookup = reservation.lookup
-        progress.watch()
-        return Landing(req_id=req_id, prefix_len=len(lookup.tokens),
-                       loaded_len=len(lookup.tokens) - lookup.prefix_len,
-                       device_indices=torch.cat([reservation.device_slots, full.device_indices]),
-                       progress=progress)
+        return landing(member, self._progress.get(member.transfer.job_id))
 
     def cancel(self, req_id: Any) -> bool:
         """The request went away: forget its lookup, leave its queued load (the transfer is
@@ -263,7 +235,7 @@ class ExternalCacheLinker:
         """Finished loads (and finished offloads' bookkeeping) since the last call. Also sends
         the offloads queued since the last call as one batch: call it once per engine step."""
         self.offload.flush_batch()
-        self._process(self._worker.drain())
+        self._process()
         self._expire()
         return self._loads.take_all()
 
@@ -289,30 +261,17 @@ class ExternalCacheLinker:
             member.deadline = min(member.deadline, time.monotonic() + timeout)
         while True:
             left = member.deadline - time.monotonic()
-            self._process(self._worker.drain(block_for=min(max(left, 0.0), 0.05)))
+            self._process(block_for=min(max(left, 0.0), 0.05))
             self._expire()
             outcome = self._loads.take(req_id)
             if outcome is not None:
                 return outcome
 
-    def _process(self, completions: list[Completion]) -> None:
-        """Apply finished transfers as they arrive; with several ranks, exactly those finished
-        on every rank (an agreed mask over the pending jobs), in job order."""
-        for done in completions:
-            self._done[done.job_id] = done
-        if self.ranks.world_size == 1:
-            ready = list(self._done)
-        else:
-            if not self._pending:  # NOTE: the same on every rank, so no collective is skipped
-                return
-            pending = sorted(self._pending)
-            agreed = self.ranks.all_reduce_min([int(j in self._done) for j in pending])
-            ready = [job for job, bit in zip(pending, agreed) if bit]
-        for job_id in ready:
-            done = self._done.pop(job_id)
-            self._pending.discard(job_id)
+    def _process(self, block_for: float | None = None) -> None:
+        """Apply the finished transfers that are ready (``Completions``)."""
+        for done in self._jobs.ready(block_for):
             self.metrics.observe(done)
-            transfer = self._loads.finish(job_id)
+            transfer = self._loads.finish(done.job_id)
             if transfer is not None:
                 self._finish_load(transfer, done)
             else:
@@ -321,18 +280,10 @@ class ExternalCacheLinker:
     def _expire(self) -> None:
         """Members past their own deadline fail now (agreed across ranks); the transfer goes
         on for the others."""
-        waiting = self._loads.waiting()
-        if not waiting:
-            return
-        now = time.monotonic()
-        late = [now >= member.deadline for member in waiting]
-        if self.ranks.world_size > 1:
-            late = [not ok for ok in self.ranks.all_reduce_min([0 if x else 1 for x in late])]
-        for member, expired in zip(waiting, late):
-            if expired:
-                self._leave(member)
-                self._stats["failures_timeout"] += 1
-                self._deliver_failure(member, "timeout")
+        for member in self._loads.expired(time.monotonic(), self.ranks.any_of):
+            self._leave(member)
+            self._stats["failures_timeout"] += 1
+            self._put(failure_outcome(member, "timeout"))
 
     def _leave(self, member: Member) -> None:
         transfer = self._loads.leave(member)
@@ -347,10 +298,7 @@ class ExternalCacheLinker:
         ok = self.ranks.all_ok(ok)
         if done.status is TransferStatus.CORRUPT:
             self._stats["checksum_misses"] += 1
-        reason = "" if ok else (
-            (done.detail or done.status.value) if not done.ok else
-            "cancelled" if transfer.cancelled else "closed" if self._closed else
-            "another rank failed")
+        reason = "" if ok else failure_reason(done, transfer, self._closed)
         if ok:
             lookup = reservation.lookup
             self.page_hashes.remember(lookup.namespace, lookup.tokens.tobytes(),
@@ -364,36 +312,19 @@ class ExternalCacheLinker:
             if reason != "cancelled":
                 self._stats["failures_load"] += 1
             for member in transfer.members:
-                self._deliver_failure(member, reason)
+                self._put(failure_outcome(member, reason))
             release(self.cache, reservation)
             return
         self.offload.mark_loaded(result.last_node, reservation.prefix_len,
                                  reservation.transfers)
+        if self.cost_model is not None:
+            self.cost_model.observe_load(Source.STORE, done.num_bytes, done.seconds)
         self._stats["loaded_bytes"] += done.num_bytes
         self._stats["loaded_pages"] += reservation.lookup.num_pages
-        self._deliver_success(transfer)
+        for outcome in success_outcomes(self.cache, transfer):
+            self._stats["loaded_tokens"] += outcome.loaded_len  # the store tier's hits
+            self._put(outcome)
         self.cache.unlock(reservation.handle)
-
-    def _deliver_success(self, transfer: Transfer) -> None:
-        lookup = transfer.reservation.lookup
-        match = self.cache.peek_prefix(lookup.tokens, namespace=lookup.namespace)
-        loaded_len = max(0, match.prefix_len - lookup.prefix_len)
-        for member in transfer.members:
-            handle = self.cache.lock(match.last_node)
-            self.cache.unlock(member.handle)
-            self._stats["loaded_tokens"] += loaded_len  # the store tier's hits, per request
-            self._put(LoadOutcome(
-                req_id=member.req_id, ok=True, prefix_len=match.prefix_len,
-                device_indices=match.device_indices, last_node=match.last_node, lock=handle,
-                loaded_len=loaded_len, match=match,
-            ))
-
-    def _deliver_failure(self, member: Member, reason: str) -> None:
-        self._put(LoadOutcome(
-            req_id=member.req_id, ok=False, prefix_len=member.lookup.prefix_len,
-            device_indices=member.device_slots, last_node=member.handle.node,
-            lock=member.handle, reason=reason,
-        ))
 
     def _put(self, outcome: LoadOutcome) -> None:
         if self._closed:  # NOTE: nobody will take it: release its lock now
@@ -407,7 +338,7 @@ class ExternalCacheLinker:
         """Called by ``cache.insert``: count hits, start offloads by the write policy, and
         apply transfers that finished meanwhile."""
         self.offload.on_insert(params, result)
-        self._process(self._worker.drain())
+        self._process()
 
     def before_evict(self, node: Any) -> None:
         """The tree is about to free some of ``node``'s device data (``TreeObserver``)."""
@@ -419,16 +350,14 @@ class ExternalCacheLinker:
 
     def submit(self, job: Job) -> int:
         """Queue a worker job whose completion this linker applies."""
-        job_id = self._worker.submit(job)
-        self._pending.add(job_id)
-        return job_id
+        return self._jobs.submit(job)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Send queued offloads, wait for in-flight offloads (and loads) and apply their
         results; False on timeout."""
         self.offload.flush_batch()
         idle = self._worker.wait_idle(timeout)
-        self._process(self._worker.drain())
+        self._process()
         return idle
 
     def close(self) -> None:
@@ -443,7 +372,7 @@ class ExternalCacheLinker:
         # NOTE: joins every queued and running transfer (a bounded wait would leave reserved
         # slots that a late worker write may still land in); then every completion is applied.
         self._worker.close()
-        self._process(self._worker.drain())
+        self._process()
         for outcome in self._loads.take_all():
             self.cache.unlock(outcome.lock)
         self.guard.close()
@@ -464,3 +393,26 @@ class ExternalCacheLinker:
 
     def count(self, name: str, n: int = 1) -> None:
         self._stats[name] += n
+
+    def observe_prefill(self, num_new: int, num_cached: int, seconds: float) -> None:
+        """The engine computed ``num_new`` tokens after ``num_cached`` in ``seconds``: feeds
+        the cost model's prefill estimate (a no-op without a cost model)."""
+        if self.cost_model is not None:
+            self.cost_model.observe_prefill(num_new, num_cached, seconds)
+
+    def __enter__(self) -> ExternalCacheLinker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _bytes_per_token(cache: Any) -> int:
+    """KV bytes a loaded token brings: the full pool's, plus the SWA pool's (an upper bound:
+    a load brings SWA pages for the window only)."""
+    total = 0
+    for name in (PoolName.KV, PoolName.SWA):
+        pool = cache.pool(name)
+        if pool is not None:
+            total += int(pool.layout.token_bytes)
+    return max(total, 1)

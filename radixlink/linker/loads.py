@@ -8,6 +8,7 @@ Must not touch the cache, the store or threads.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +130,15 @@ class LoadTable:
     def waiting(self) -> list[Member]:
         """Waiting members in load() order (the same order on every rank)."""
         return list(self._members.values())
+
+    def expired(self, now: float, agree: Callable[[list[bool]], list[bool]]) -> list[Member]:
+        """Waiting members past their own deadline at ``now``, as ``agree`` (the ranks' OR, a
+        collective while anyone waits) decides."""
+        waiting = self.waiting()
+        if not waiting:
+            return []
+        late = agree([now >= member.deadline for member in waiting])
+        return [member for member, expired in zip(waiting, late) if expired]
 
     def transfers(self) -> list[Transfer]:
         return list(self._transfers.values())

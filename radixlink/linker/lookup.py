@@ -20,6 +20,7 @@ from radixlink.contract import LinkerTransferPhase, MatchResult, PoolTransfer
 from radixlink.hashing import page_hashes
 from radixlink.linker.records import Lookup
 from radixlink.linker.restorable import presence_from_store, restorable_prefix_pages
+from radixlink.policy import choose_load_pages
 
 
 def tail_hashes(cache: Any, result: MatchResult, tokens: np.ndarray, namespace: Any) -> list[str]:
@@ -75,7 +76,7 @@ def find_restorable(linker: Any, result: MatchResult, key: bytes, namespace: Any
     # NOTE: the insert of these tokens that follows reuses the hashes (hashed once per page)
     linker.page_hashes.remember(namespace, key, prefix // ps, keys)
     pages = restorable_pages(linker, keys, namespace)
-    best = max(linker.ranks.intersect(pages, num_pages), default=0)
+    best = worth_loading(linker, linker.ranks.intersect(pages, num_pages), prefix)
     if not best:
         return None
     # NOTE: a copy of just the restorable prefix, so a remembered lookup never pins the
@@ -83,6 +84,24 @@ def find_restorable(linker: Any, result: MatchResult, key: bytes, namespace: Any
     return Lookup(tokens=tokens[: prefix + best * ps].copy(), prefix_len=prefix,
                   last_node=result.last_node, keys=keys[:best], namespace=namespace,
                   created=time.monotonic())
+
+
+def worth_loading(linker: Any, common: list[int], prefix: int) -> int:
+    """Of the restorable tail lengths every rank has, the one to load: the largest, or with a
+    cost model the one that minimises the expected TTFT (possibly shorter, or 0 = none),
+    agreed across ranks (a collective with several ranks; ``common`` is the same on all)."""
+    most = max(common, default=0)
+    model = linker.cost_model
+    if not most or model is None:
+        return most
+    best = choose_load_pages(common, device_len=prefix, page_size=linker.page_size,
+                             bytes_per_token=linker.bytes_per_token, estimates=model.snapshot())
+    if linker.ranks.world_size > 1:
+        best = linker.ranks.agree_count(best)  # MIN: each rank's answer is in common, or 0
+    if best < most:
+        linker.count("cost_declined_loads" if best == 0 else "cost_shortened_loads")
+        linker.count("cost_declined_pages", most - best)
+    return best
 
 
 class RememberedLookups:

@@ -60,6 +60,13 @@ class RankGroup(ABC):
         """The smallest ``n`` over all ranks (a collective MIN)."""
         return self.all_reduce_min([n])[0]
 
+    def any_of(self, flags: Sequence[bool]) -> list[bool]:
+        """Element-wise OR of ``flags`` over all ranks (a collective; the identity with one
+        rank): e.g. a deadline passed on any rank passed on all."""
+        if self.world_size == 1:
+            return list(flags)
+        return [not ok for ok in self.all_reduce_min([0 if flag else 1 for flag in flags])]
+
 
 def _lengths_to_mask(lengths: Sequence[int], num_pages: int) -> list[int]:
     if num_pages < 0:
