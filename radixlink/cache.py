@@ -24,7 +24,6 @@ from radixlink.components.base import TreeComponent
 from radixlink.config import CacheConfig
 from radixlink.contract import (
     EvictParams,
-    EvictResult,
     InsertParams,
     InsertResult,
     MatchResult,
@@ -268,22 +267,11 @@ class UnifiedCache:
         Raises:
             ValueError: a negative or non-int target, or a target for a pool this cache lacks.
         """
-        path = self._eviction
         if isinstance(num_tokens, EvictParams):
-            targets = path.targets(
-                full=check_count("num_tokens", num_tokens.num_tokens),
-                swa=check_count("swa_num_tokens", num_tokens.swa_num_tokens),
-                mamba=check_count("mamba_num", num_tokens.mamba_num),
-            )
-            freed = path.evict(targets).num_freed
-            return EvictResult(
-                num_tokens_evicted=freed[0],
-                swa_num_tokens_evicted=0 if self._swa is None else freed[self._swa.index],
-                mamba_num_evicted=0 if self._mamba is None else freed[self._mamba.index],
-            )
+            return self._eviction.evict_params(num_tokens)
         if check_count("num_tokens", num_tokens) == 0:
             return 0
-        return path.evict(path.targets(full=num_tokens)).num_freed[0]
+        return self._eviction.evict(self._eviction.targets(full=num_tokens)).num_freed[0]
 
     # ---------------------------------------------------------------- hybrid requests
 

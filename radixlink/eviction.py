@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from radixlink.checks import check_count
 from radixlink.components.base import TreeComponent
-from radixlink.contract import ComponentType
+from radixlink.contract import ComponentType, EvictParams, EvictResult
 from radixlink.tree.node import Effects
 from radixlink.tree.tree import RadixTree
+
+_SWA, _MAMBA = ComponentType.SWA, ComponentType.MAMBA
 
 
 class EvictionPath:
@@ -48,6 +51,24 @@ class EvictionPath:
                 kind = name.upper()
                 raise ValueError(f"an eviction target for {kind} but this cache has no {kind}")
         return out
+
+    def evict_params(self, params: EvictParams) -> EvictResult:
+        """``UnifiedCache.evict(EvictParams)``: per-pool targets in, per-pool freed units out.
+
+        Raises:
+            ValueError: a negative or non-int target, or one for a pool this cache lacks.
+        """
+        freed = self.evict(self.targets(
+            full=check_count("num_tokens", params.num_tokens),
+            swa=check_count("swa_num_tokens", params.swa_num_tokens),
+            mamba=check_count("mamba_num", params.mamba_num),
+        )).num_freed
+        index = self._by_type
+        return EvictResult(
+            num_tokens_evicted=freed[0],
+            swa_num_tokens_evicted=freed[index[_SWA]] if _SWA in index else 0,
+            mamba_num_evicted=freed[index[_MAMBA]] if _MAMBA in index else 0,
+        )
 
     def evict(self, targets: Sequence[int]) -> Effects:
         """Free at least ``targets[i]`` units of component ``i`` (as far as unlocked data

@@ -1,17 +1,19 @@
-"""Device pools: paged K/V tensors (full attention and SWA) and Mamba-style state slots.
+"""Device K/V pools: paged K/V tensors (full attention and SWA) and batched page gather/scatter.
 
-Owns the tensors and their byte-exact page/state export and import. Knows nothing of the tree,
-of allocation policy (see allocator.py) or of stores.
+Owns the K/V tensors and their byte-exact page export and import. Knows nothing of the tree,
+of allocation policy (see allocator.py), of state slots (states.py) or of stores.
 """
 
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 import torch
 
-from radixlink.memory.layout import KVLayout, StateLayout
+from radixlink.memory.host import check_bytes, host_empty, sync, to_device
+from radixlink.memory.layout import KVLayout
+from radixlink.memory.states import MambaStatePool
+
+__all__ = ["KVPool", "MambaStatePool"]  # MambaStatePool: re-exported for existing imports
 
 _UINT8 = torch.uint8
 # NOTE: scatter/gather move rows as the widest element type that divides a row; on CPU
@@ -33,38 +35,6 @@ def _np_index(pages: torch.Tensor | np.ndarray) -> np.ndarray:
 
 def _torch_index(pages: torch.Tensor | np.ndarray) -> torch.Tensor:
     return torch.from_numpy(pages) if isinstance(pages, np.ndarray) else pages
-
-
-def _host_empty(shape: tuple[int, ...]) -> torch.Tensor:
-    """A host uint8 buffer, pinned when CUDA is present (the staging tier)."""
-    return torch.empty(shape, dtype=_UINT8, pin_memory=torch.cuda.is_available())
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()
-
-
-def _check_bytes(name: str, buf: object, shape: tuple[int, ...]) -> torch.Tensor:
-    if not isinstance(buf, torch.Tensor):
-        raise ValueError(f"{name} must be a uint8 torch.Tensor, got {type(buf).__name__}")
-    if buf.dtype != _UINT8:
-        raise ValueError(f"{name} must be uint8, got {buf.dtype}; use .view(torch.uint8)")
-    if tuple(buf.shape) != shape:
-        raise ValueError(f"{name} has shape {tuple(buf.shape)}, expected {shape}")
-    return buf
-
-
-def _to_device(buf: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``buf`` on ``device``; host data bound for CUDA goes through pinned staging."""
-    if buf.device == device:
-        return buf
-    if device.type == "cuda" and buf.device.type == "cpu" and not buf.is_pinned():
-        staged = _host_empty(tuple(buf.shape))
-        staged.copy_(buf)
-        buf = staged
-    # NOTE: the caching host allocator keeps `staged` alive until this copy has run.
-    return buf.to(device, non_blocking=True)
 
 
 class KVPool:
@@ -144,18 +114,18 @@ class KVPool:
         shape = (pages.numel(), self.layout.page_bytes)
         if out is None:
             out = (
-                _host_empty(shape)
+                host_empty(shape)
                 if self.device.type == "cuda"
                 else torch.empty(shape, dtype=_UINT8)
             )
-        elif (_check_bytes("out", out, shape).device.type != "cpu" or out.stride(-1) != 1
+        elif (check_bytes("out", out, shape).device.type != "cpu" or out.stride(-1) != 1
               or (shape[0] > 1 and out.stride(0) < shape[1])):
             raise ValueError(
                 f"out must be a CPU tensor with contiguous, non-overlapping rows, got "
                 f"{out.device} {out.stride()}"
             )
         self.gather(pages, out)
-        _sync(self.device)  # the caller reads host memory next
+        sync(self.device)  # the caller reads host memory next
         return out
 
     def gather(self, pages: torch.Tensor | np.ndarray, out: torch.Tensor) -> None:
@@ -197,9 +167,9 @@ class KVPool:
             ValueError: for malformed slots or ``buf``; nothing is written then.
         """
         pages = self._pages(slots, unique=True)
-        _check_bytes("buf", buf, (pages.numel(), self.layout.page_bytes))
+        check_bytes("buf", buf, (pages.numel(), self.layout.page_bytes))
         self.scatter(pages, buf)
-        _sync(self.device)  # the pages are in place when this returns, whatever stream reads them
+        sync(self.device)  # the pages are in place when this returns, whatever stream reads them
 
     def scatter(self, pages: torch.Tensor | np.ndarray, buf: torch.Tensor,
                 layer: int | None = None) -> None:
@@ -252,10 +222,10 @@ class KVPool:
             stride = buf.stride(0) if n > 1 else width
             if buf.stride(-1) == 1 and stride >= width:
                 span = (n - 1) * stride + width
-                flat = _to_device(buf.as_strided((span,), (1,)), self.device)
+                flat = to_device(buf.as_strided((span,), (1,)), self.device)
                 buf = flat.as_strided((n, width), (stride, 1))
             else:
-                buf = _to_device(buf.contiguous(), self.device)
+                buf = to_device(buf.contiguous(), self.device)
         if self._rows_view(buf) is None:
             buf = buf.clone(memory_format=torch.contiguous_format)
         return buf
@@ -323,114 +293,3 @@ class KVPool:
         if not isinstance(layer, int) or not 0 <= layer < self.layout.num_layers:
             raise ValueError(f"layer must be in 0..{self.layout.num_layers - 1}, got {layer!r}")
         return layer
-
-
-class MambaStatePool:
-    """Recurrent-state slots: per state tensor a storage ``[num_states + 1, *shape]``.
-
-    Slot 0 is reserved (padding), slots 1..num_states are handed out one at a time. A state's
-    bytes, as exported, are each tensor's row in ``layout.shapes`` order.
-
-    Args:
-        num_states: usable slots.
-        layout: shapes and dtype of one slot.
-        device: where the model reads the states.
-    """
-
-    def __init__(self, num_states: int, layout: StateLayout, device: str | torch.device = "cpu"):
-        if not isinstance(num_states, int) or isinstance(num_states, bool) or num_states <= 0:
-            raise ValueError(f"num_states must be a positive int, got {num_states!r}")
-        if not isinstance(layout, StateLayout):
-            raise ValueError(f"layout must be a StateLayout, got {type(layout).__name__}")
-        self.layout = layout
-        self.num_states = num_states
-        dev = torch.device(device)
-        self._storages = [
-            torch.zeros((num_states + 1, *shape), dtype=layout.dtype, device=dev)
-            for shape in layout.shapes
-        ]
-        self.device = self._storages[0].device
-        self._free_slots = list(range(num_states, 0, -1))  # pop() hands out 1 first
-        self._is_free = [False] + [True] * num_states
-
-    @property
-    def num_tensors(self) -> int:
-        return len(self._storages)
-
-    def tensors(self, i: int) -> torch.Tensor:
-        """Storage of state tensor ``i``: ``[num_states + 1, *layout.shapes[i]]``, row = slot."""
-        if not isinstance(i, int) or not 0 <= i < len(self._storages):
-            raise ValueError(f"state tensor index must be in 0..{self.num_tensors - 1}, got {i!r}")
-        return self._storages[i]
-
-    def total_size(self) -> int:
-        return self.num_states
-
-    def available_size(self) -> int:
-        return len(self._free_slots)
-
-    def is_allocated(self, slot: int) -> bool:
-        return isinstance(slot, int) and 1 <= slot <= self.num_states and not self._is_free[slot]
-
-    def alloc(self) -> int | None:
-        """A free slot (its contents are stale), or None when all are in use."""
-        if not self._free_slots:
-            return None
-        slot = self._free_slots.pop()
-        self._is_free[slot] = False
-        return slot
-
-    def free(self, slot: int) -> None:
-        """Return ``slot``. Raises ValueError for a double free or a slot never handed out."""
-        slot = self._allocated(slot, "free")
-        self._is_free[slot] = True
-        self._free_slots.append(slot)
-
-    def copy(self, src: int, dst: int) -> None:
-        """Copy state ``src`` into ``dst`` (copy-on-write); both must be allocated."""
-        src, dst = self._allocated(src, "copy from"), self._allocated(dst, "copy to")
-        for storage in self._storages:
-            storage[dst].copy_(storage[src])
-
-    def read_state(self, slot: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The bytes of ``slot`` as a uint8 CPU tensor ``[state_bytes]`` (optionally ``out``)."""
-        slot = self._allocated(slot, "read")
-        shape = (self.layout.state_bytes,)
-        if out is None:
-            out = (
-                _host_empty(shape)
-                if self.device.type == "cuda"
-                else torch.empty(shape, dtype=_UINT8)
-            )
-        elif _check_bytes("out", out, shape).device.type != "cpu":
-            raise ValueError(f"out must be a CPU tensor, got {out.device}")
-        offset = 0
-        for storage, nbytes in zip(self._storages, self.layout.tensor_bytes, strict=True):
-            row = storage[slot].reshape(-1).view(_UINT8)
-            out[offset : offset + nbytes].copy_(row, non_blocking=True)
-            offset += nbytes
-        _sync(self.device)  # the caller reads host memory next
-        return out
-
-    def write_state(self, slot: int, buf: torch.Tensor) -> None:
-        """Write ``buf`` (uint8 ``[state_bytes]``, as from ``read_state``) into ``slot``."""
-        slot = self._allocated(slot, "write")
-        src = _to_device(_check_bytes("buf", buf, (self.layout.state_bytes,)), self.device)
-        offset = 0
-        for storage, nbytes in zip(self._storages, self.layout.tensor_bytes, strict=True):
-            storage[slot].reshape(-1).view(_UINT8).copy_(src[offset : offset + nbytes])
-            offset += nbytes
-        _sync(self.device)  # the state is in place when this returns
-
-    def _allocated(self, slot: object, action: str) -> int:
-        try:
-            value = operator.index(slot)  # type: ignore[arg-type]
-        except TypeError:
-            value = None
-        if value is None or isinstance(slot, bool) or not 1 <= value <= self.num_states:
-            raise ValueError(f"cannot {action} state slot {slot!r}: valid 1..{self.num_states}")
-        if self._is_free[value]:
-            raise ValueError(
-                f"cannot {action} state slot {value}: it is not allocated (double free?)"
-            )
-        return value

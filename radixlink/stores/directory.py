@@ -1,8 +1,9 @@
 """``file:///path?capacity=50GiB``: one file per page in sharded subdirectories, LRU-capped.
 
-Owns the on-disk layout, the in-memory LRU index, capacity and free-space eviction. Safe with
-several processes sharing one directory (see docs/stores.md for how the cap behaves then).
-File-level safety (no links, no FIFOs, size limits, atomic writes) lives in pagefiles.py.
+Owns the on-disk layout (sharded paths, leaf directories, the walk) and the store primitives
+over it. Safe with several processes sharing one directory (see docs/stores.md for how the cap
+behaves then). The LRU index, capacity and free-space floor live in pageindex.py; file-level
+safety (no links, no FIFOs, size limits, atomic writes) in pagefiles.py.
 """
 
 from __future__ import annotations
@@ -12,10 +13,8 @@ import itertools
 import os
 import secrets
 import stat
-import threading
 import time
 import zlib
-from collections import Counter, OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
@@ -23,6 +22,7 @@ from urllib.parse import unquote
 from radixlink.errors import StoreError
 from radixlink.stores import pagefiles
 from radixlink.stores.base import Store
+from radixlink.stores.pageindex import PageIndex, bytes_short
 from radixlink.stores.params import AUTH, Param, read_params, size, size_or_percent
 from radixlink.stores.registry import parse_size, split_url
 
@@ -120,14 +120,10 @@ class DirectoryStore(Store):
             except OSError as exc:
                 raise StoreError(f"cannot use {self.root!r} as a store directory: "
                                  f"{exc.strerror or exc}; choose a writable path") from exc
-        self._lock = threading.Lock()
-        self._index: OrderedDict[str, int] = OrderedDict()
-        self._bytes = 0
+        self._index = PageIndex()
         self._safe_leaves: set[str] = set()
         self._tag = f"{os.getpid()}.{secrets.token_hex(4)}"
         self._seq = itertools.count()
-        self._counts: Counter[str] = Counter()
-        self._put_errors: Counter[str] = Counter()
         self.gc()
 
     @classmethod
@@ -159,7 +155,7 @@ class DirectoryStore(Store):
             if self._leaf_state(path) == "ok" else None
             for path in map(self.path_of, keys)
         ]
-        self._observe(keys, sizes, touch=False)
+        self._index.observe(keys, sizes, touch=False)
         return [size is not None for size in sizes]
 
     def get(self, keys: Sequence[str]) -> list[bytes | None]:
@@ -175,12 +171,12 @@ class DirectoryStore(Store):
             except FileNotFoundError:
                 out.append(None)
             except pagefiles.NotAPage:
-                self._count("refused")
+                self._index.count("refused")
                 out.append(None)
             except OSError:
-                self._count("read_errors")
+                self._index.count("read_errors")
                 out.append(None)
-        self._observe(keys, [len(v) if v is not None else None for v in out], touch=True)
+        self._index.observe(keys, [len(v) if v is not None else None for v in out], touch=True)
         return out
 
     def get_into(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int | None]:
@@ -209,17 +205,17 @@ class DirectoryStore(Store):
                 errors += 1
                 out.append(None)
         if refused or errors:
-            self._count("refused", refused)
-            self._count("read_errors", errors)
-        self._observe(keys, out, touch=True)
+            self._index.count("refused", refused)
+            self._index.count("read_errors", errors)
+        self._index.observe(keys, out, touch=True)
         return out
 
     def put(self, items: Mapping[str, Any]) -> list[bool]:
         views = [(key, memoryview(value).cast("B")) for key, value in items.items()]
         if self.read_only:
             for _ in views:
-                self._count_put_error(errno.EROFS)
-            self._count("puts", len(views))
+                self._index.count_put_error(errno.EROFS)
+            self._index.count("puts", len(views))
             return [False] * len(views)
         allowed = self._make_room(sum(view.nbytes for _, view in views))
         out, retry = [], True
@@ -232,39 +228,32 @@ class DirectoryStore(Store):
                 if self._evict_bytes(view.nbytes + max(allowed, 0)) > 0:
                     code = self._write(key, view)
             if code:
-                self._count_put_error(code)
+                self._index.count_put_error(code)
             out.append(code == 0)
-        with self._lock:
-            for (key, view), ok in zip(views, out, strict=True):
-                if ok:
-                    self._index_set(key, view.nbytes)
-            self._counts["puts"] += len(out)
-            victims = self._pop_victims_locked(self.capacity_bytes)
+        written = ((key, view.nbytes) for (key, view), ok in zip(views, out, strict=True) if ok)
+        victims = self._index.add_puts(written, len(out), self.capacity_bytes)
         self._unlink(victims)
         return out
 
     def delete(self, keys: Sequence[str]) -> int:
         if self.read_only:
             raise StoreError(f"the store at {self.root!r} was opened read-only")
-        with self._lock:
-            for key in keys:
-                self._bytes -= self._index.pop(key, 0)
+        self._index.remove(keys)
         return self._unlink(keys)
 
     def stats(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "root": self.root,
-                "pages": len(self._index),
-                "bytes": self._bytes,
-                "capacity_bytes": self.capacity_bytes,
-                "max_page_bytes": self.max_page_bytes,
-                "min_free": self.min_free,
-                "read_only": self.read_only,
-                "sealed": self.page_secret is not None,
-                **{name: self._counts[name] for name in _COUNTERS},
-                "put_errors": dict(self._put_errors),
-            }
+        index = self._index.stats()
+        return {
+            "root": self.root,
+            "pages": index.pop("pages"),
+            "bytes": index.pop("bytes"),
+            "capacity_bytes": self.capacity_bytes,
+            "max_page_bytes": self.max_page_bytes,
+            "min_free": self.min_free,
+            "read_only": self.read_only,
+            "sealed": self.page_secret is not None,
+            **index,  # the counters, then put_errors
+        }
 
     def scan(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         for _, name, size_, _ in self._walk(remove_temps=False):
@@ -277,10 +266,8 @@ class DirectoryStore(Store):
         stale temp files and least recently used pages past the capacity. Returns the pages
         deleted."""
         found = sorted(self._walk(remove_temps=not self.read_only), key=lambda entry: entry[3])
-        with self._lock:
-            self._index = OrderedDict((unquote(name), size_) for _, name, size_, _ in found)
-            self._bytes = sum(self._index.values())
-            victims = [] if self.read_only else self._pop_victims_locked(self.capacity_bytes)
+        victims = self._index.rebuild(((unquote(name), size_) for _, name, size_, _ in found),
+                                      None if self.read_only else self.capacity_bytes)
         return self._unlink(victims)
 
     # ---------------------------------------------------------------- writing and space
@@ -303,55 +290,19 @@ class DirectoryStore(Store):
     def _make_room(self, batch_bytes: int) -> int:
         """Evict least recently used pages so that writing ``batch_bytes`` leaves the
         ``min_free`` floor; returns how many of those bytes may be written."""
-        try:
-            fs = os.statvfs(self.root)
-        except OSError:
-            return batch_bytes  # NOTE: cannot tell; the writes will report ENOSPC themselves
-        kind, amount = self._min_free
-        floor = amount * fs.f_blocks * fs.f_frsize / 100 if kind == "percent" else amount
-        short = int(batch_bytes + floor - fs.f_bavail * fs.f_frsize)
+        short = bytes_short(self.root, self._min_free, batch_bytes)
         if short <= 0:
             return batch_bytes
         return batch_bytes - max(0, short - self._evict_bytes(short))
 
     def _evict_bytes(self, num_bytes: int) -> int:
         """Delete least recently used pages of at least ``num_bytes``; returns bytes freed."""
-        with self._lock:
-            before = self._bytes
-            victims = self._pop_victims_locked(max(0, before - num_bytes))
-            freed = before - self._bytes
+        victims, freed = self._index.pop_bytes(num_bytes)
         self._unlink(victims)
-        self._count("evicted_for_space", len(victims))
+        self._index.count("evicted_for_space", len(victims))
         return freed
 
-    # ---------------------------------------------------------------- index
-
-    def _observe(self, keys: Sequence[str], sizes: Sequence[int | None], touch: bool) -> None:
-        """Fold what a read saw on disk into the index (other processes add and evict)."""
-        with self._lock:
-            for key, size_ in zip(keys, sizes, strict=True):
-                if size_ is None:
-                    self._bytes -= self._index.pop(key, 0)
-                elif touch or key not in self._index:
-                    self._index_set(key, size_)
-            if touch:
-                hits = sum(size_ is not None for size_ in sizes)
-                self._counts["hits"] += hits
-                self._counts["misses"] += len(sizes) - hits
-
-    def _index_set(self, key: str, size_: int) -> None:
-        self._bytes += size_ - self._index.pop(key, 0)
-        self._index[key] = size_
-
-    def _pop_victims_locked(self, target_bytes: int) -> list[str]:
-        """Pop least recently used keys until the index holds at most ``target_bytes``."""
-        victims = []
-        while self._bytes > target_bytes and self._index:
-            key, size_ = self._index.popitem(last=False)
-            self._bytes -= size_
-            victims.append(key)
-        self._counts["evicted"] += len(victims)
-        return victims
+    # ---------------------------------------------------------------- files
 
     def _unlink(self, keys: Sequence[str]) -> int:
         removed = 0
@@ -393,15 +344,6 @@ class DirectoryStore(Store):
         self._safe_leaves.add(leaf)
         return True
 
-    def _count(self, counter: str, num: int = 1) -> None:
-        with self._lock:
-            self._counts[counter] += num
-
-    def _count_put_error(self, code: int) -> None:
-        with self._lock:
-            self._counts["put_failures"] += 1
-            self._put_errors[errno.errorcode.get(code, "EUNKNOWN")] += 1
-
     def _walk(self, remove_temps: bool) -> Iterator[tuple[str, str, int, float]]:
         """Yield ``(path, file name, size, mtime)`` of every page file (regular files up to
         ``max_page_bytes``; links and other files are not pages); optionally delete temp
@@ -426,8 +368,3 @@ class DirectoryStore(Store):
                         ):
                             pagefiles.remove_quietly(entry.path)
 
-
-_COUNTERS = (
-    "hits", "misses", "puts", "put_failures", "read_errors", "refused", "evicted",
-    "evicted_for_space",
-)  # fmt: skip

@@ -12,8 +12,9 @@ from typing import Any
 import torch
 
 from radixlink.contract import InsertParams, InsertResult
-from radixlink.hashing import namespace_id, page_hashes
-from radixlink.tree.keys import TOKEN_BYTES, common_prefix_bytes, key_tokens
+from radixlink.hashing import namespace_id
+from radixlink.tree.hashes import leaf_hashes
+from radixlink.tree.keys import TOKEN_BYTES, common_prefix_bytes
 from radixlink.tree.node import Effects, InsertContext, LockHandle, MatchPath, TreeNode
 from radixlink.tree.protocol import Component, TreeObserver
 
@@ -213,43 +214,8 @@ class RadixTree:
         parent.children[key[: self.page_bytes]] = leaf
         self.num_nodes += 1
         if self.hashing:
-            leaf.hash_value = self._leaf_hashes(parent, key, known)
+            leaf.hash_value = leaf_hashes(parent, key, self.page_size, self.hash_algo, known)
         return leaf
-
-    def _leaf_hashes(self, parent: TreeNode, key: bytes,
-                     known: tuple[int, list[str]] | None) -> list[str]:
-        """Chain hashes of a new leaf's pages under ``parent``: those ``known`` covers are
-        taken from it, the others are computed (continuing the chain either side).
-
-        ::
-
-            leaf pages   first ............................. first + n
-            known             start ........ start + len(hashes)
-            hashes       |-- computed --|--- taken ---|-- computed --|
-        """
-        first, n = parent.seq_len // self.page_size, len(key) // self.page_bytes
-        lo = hi = first
-        if known is not None:
-            start, hashes = known
-            lo, hi = max(first, start), min(first + n, start + len(hashes))
-        if hi <= lo:
-            return self._hash_pages(parent, key, None)
-        out = self._hash_pages(parent, key[: (lo - first) * self.page_bytes], None)
-        out += known[1][lo - start : hi - start]  # type: ignore[index]
-        if hi < first + n:
-            out += self._hash_pages(parent, key[(hi - first) * self.page_bytes :], out[-1])
-        return out
-
-    def _hash_pages(self, parent: TreeNode, key: bytes, after: str | None) -> list[str]:
-        """Hashes of ``key``'s pages continuing the chain at ``after`` (else ``parent``'s end,
-        else its namespace seed)."""
-        if not key:
-            return []
-        if after is None and parent.hash_value:
-            after = parent.hash_value[-1]
-        namespace = parent.namespace if after is None else None  # a root: its seed starts it
-        return page_hashes(key_tokens(key), self.page_size, namespace, parent=after,
-                           algo=self.hash_algo)
 
     def _split(self, node: TreeNode, num_tokens: int) -> TreeNode:
         """Cut the first ``num_tokens`` (whole pages) of ``node`` into a new parent; ``node``
