@@ -20,7 +20,7 @@ import torch
 from radixlink.bench.cluster_report import aggregate, plot, summarize, table_rows, verdicts
 from radixlink.bench.cluster_sim import ClusterConfig, Timing, simulate
 from radixlink.bench.cluster_trace import load_timed_trace, request_hashes
-from radixlink.bench.common import machine_info, print_table, write_json
+from radixlink.bench.common import machine_info, parse_tokens, print_table, write_json
 from radixlink.policy import HIDE, GpuSpec, ModelShape, TransferEstimate, prefill_estimate
 from radixlink.policy.reference import H100_SXM, LLAMA3_8B
 from radixlink.routing import policy_names
@@ -34,21 +34,6 @@ def _floats(text: str) -> list[float]:
     if not values or min(values) < 0:
         raise argparse.ArgumentTypeError(f"expected non-negative numbers, got {text!r}")
     return values
-
-
-def _tokens(text: str) -> int | None:
-    """``"inf"`` -> None; ``"65536"``, ``"400K"``, ``"2M"`` (powers of 1024) -> tokens."""
-    text = text.strip().lower()
-    if text == "inf":
-        return None
-    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(text[-1:], 1)
-    try:
-        value = int(float(text[:-1] if scale > 1 else text) * scale)
-    except ValueError:
-        raise ValueError(f"expected tokens like 65536, 400K or inf, got {text!r}") from None
-    if value <= 0:
-        raise ValueError(f"token counts must be positive, got {text!r}")
-    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -135,8 +120,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))  # NOTE: small index tensors; handoffs cost more
     try:
-        device = _tokens(args.device_tokens)
-        store_cap = _tokens(args.store_tokens)
+        device = parse_tokens(args.device_tokens)
+        store_cap = parse_tokens(args.store_tokens)
         policies = policy_names([p.strip() for p in args.policies.split(",") if p.strip()])
     except ValueError as exc:
         parser.error(str(exc))

@@ -15,6 +15,27 @@ from pathlib import Path
 from typing import Any
 
 
+def parse_tokens(text: str) -> int | None:
+    """``"inf"`` -> None; ``"65536"``, ``"64K"``, ``"2M"`` (powers of 1024) -> tokens. An
+    argparse ``type`` (its ``ArgumentTypeError`` is a ``ValueError``).
+
+    Raises:
+        argparse.ArgumentTypeError: not a positive token count nor ``inf``.
+    """
+    text = text.strip().lower()
+    if text == "inf":
+        return None
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(text[-1:], 1)
+    try:
+        value = int(float(text[:-1] if scale > 1 else text) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected tokens like 65536, 64K or inf, got {text!r}"
+                                         ) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"token counts must be positive, got {text!r}")
+    return value
+
+
 def best_of(fn: Callable[[], object], repeat: int = 5, number: int = 1) -> float:
     """Seconds per call of ``fn``: the best of ``repeat`` rounds of ``number`` calls each.
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from radixlink.bench.common import machine_info, print_table, write_json
+from radixlink.bench.common import machine_info, parse_tokens, print_table, write_json
 from radixlink.bench.trace_replay import ReplayConfig, replay
 
 # NOTE: Llama-3.1-8B in bf16: 32 layers x 8 KV heads x 128 head dim x (K, V) x 2 bytes.
@@ -169,22 +169,6 @@ def synthetic_trace(num_requests: int, *, block_size: int = 512, seed: int = 0,
             convs[pos] = (ids, new_len + reply, left - 1)
 
 
-def _tokens_arg(text: str) -> int | None:
-    """``"inf"`` -> None; ``"65536"``, ``"64K"``, ``"2M"`` (powers of 1024) -> tokens."""
-    text = text.strip().lower()
-    if text == "inf":
-        return None
-    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(text[-1:], 1)
-    try:
-        value = int(float(text[:-1] if scale > 1 else text) * scale)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected tokens like 65536, 64K or inf, got {text!r}"
-                                         ) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"token count must be positive, got {text!r}")
-    return value
-
-
 def _split(values: list[str] | None, default: str) -> list[str]:
     return [v for item in (values or [default]) for v in item.split(",") if v.strip()]
 
@@ -222,8 +206,8 @@ def main(argv: list[str]) -> int:
     if min(ps, args.block_size, *nodes_list) <= 0 or (args.limit is not None and args.limit <= 0):
         parser.error("--page-size, --block-size, --nodes and --limit must be positive")
     try:
-        caps = [_tokens_arg(c) for c in _split(args.capacity, "inf")]
-        store_cap = _tokens_arg(args.store_capacity)
+        caps = [parse_tokens(c) for c in _split(args.capacity, "inf")]
+        store_cap = parse_tokens(args.store_capacity)
     except argparse.ArgumentTypeError as exc:
         parser.error(str(exc))
     caps = [None if c is None else max(ps, c // ps * ps) for c in caps]
