@@ -24,6 +24,7 @@ from radixlink.bench.linker_tree import Mode, compare
 from radixlink.bench.workload import WorkloadSpec, make_workload
 
 PARTS = ("tree", "load", "ttft")
+BREAKDOWN = ("tree + KV pools", "tree + KV pools + page hashes")
 STORES = {"memory": "memory://?capacity=4GiB", "file": "file://{dir}?capacity=4GiB"}
 
 
@@ -31,9 +32,13 @@ def _tree(args: argparse.Namespace) -> list[dict[str, Any]]:
     requests = make_workload(WorkloadSpec(num_requests=args.requests, seed=args.seed))
     rows = []
     for capacity in args.capacity:
-        memory = compare(requests, [Mode(name="plain"), Mode(name="memory://",
-                                                             store=STORES["memory"])],
-                         capacity, args.page_size, args.head_dim, args.rounds)
+        # NOTE: --breakdown adds what a linker-enabled cache costs before any linker work:
+        # the KV pools (slot checks, pool bookkeeping), then the page hashes of every insert
+        steps = [Mode(name=BREAKDOWN[0], kv="layout"), Mode(name=BREAKDOWN[1], kv="hashed")]
+        modes = [Mode(name="plain"), *(steps if args.breakdown else []),
+                 Mode(name="memory://", store=STORES["memory"])]
+        memory = compare(requests, modes, capacity, args.page_size, args.head_dim,
+                         args.rounds)
         rows += memory
         if args.file_requests:
             # NOTE: one file per page (a 32-byte page here): kernel file creation dominates,
@@ -79,6 +84,8 @@ def summary(tree: list[dict[str, Any]], load: list[dict[str, Any]],
                      "linker": round(r["cpu us/req"], 1), "baseline": round(
                          plain[(r["capacity"], few)], 1), "unit": "us (plain tree)",
                      "ratio": round(r["vs plain"], 2)})
+        if r["mode"] in BREAKDOWN:  # no linker: nothing offloaded
+            continue
         rows.append({"figure": f"pages offloaded/request, capacity {r['capacity']:,}, "
                                f"{r['mode']}", "linker": round(r["pages offloaded/req"], 1),
                      "baseline": "", "unit": "pages", "ratio": ""})
@@ -120,6 +127,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--head-dim", type=positive, default=1,
                         help="tree part: bytes per token and K or V (1 layer, 1 head, uint8)")
     parser.add_argument("--rounds", type=positive, default=5, help="tree part: rounds")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="tree part: also the tree with the linker's KV pools, and with "
+                             "pools and page hashes, without a linker")
     parser.add_argument("--load-pages", type=positive, default=70)
     parser.add_argument("--load-rounds", type=positive, default=9)
     parser.add_argument("--model", default="smollm2-135m")

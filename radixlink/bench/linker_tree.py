@@ -35,6 +35,9 @@ class Mode:
     name: str
     store: str | None = None
     lookups: bool = False  # match with a req_id (store LOOKUP) and load store hits
+    # without a store: "layout" gives the tree the linker's KV pools, "hashed" also its page
+    # hashes (what a linker-enabled cache does before any linker work), "" neither
+    kv: str = ""
 
 
 def tiny_layout(page_size: int, head_dim: int) -> KVLayout:
@@ -77,10 +80,11 @@ def run_mode(requests: Sequence[ChatRequest], mode: Mode, capacity: int, page_si
     """One round of one mode on a fresh cache (and a fresh store): process CPU and engine
     thread CPU for the whole run (offloads flushed), pages offloaded."""
     linked = mode.store is not None
+    layout, hashed = linked or mode.kv in ("layout", "hashed"), linked or mode.kv == "hashed"
     cache = UnifiedCache(CacheConfig(
         page_size=page_size, num_tokens=capacity,
-        kv_layout=tiny_layout(page_size, head_dim) if linked else None,
-        enable_external_cache_linker=linked))
+        kv_layout=tiny_layout(page_size, head_dim) if layout else None,
+        enable_external_cache_linker=hashed))
     tmp = tempfile.mkdtemp(prefix="radixlink-bench-linker-") if linked else None
     linker = None
     if linked:

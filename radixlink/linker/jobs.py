@@ -9,7 +9,7 @@ transfers the component hooks built, and pool memory only through the pool adapt
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,15 +29,16 @@ CodecOf = Callable[[PoolName], PageCodec]
 
 
 class PoolPart:
-    """One pool's pages of a batch being gathered: keys to write, their ids in the record of
-    known pages (a list per transfer), and where their data is."""
+    """One pool's pages of a batch being gathered: keys to write, their page hashes (what
+    the record of known pages names them by; a sequence per transfer), and where their data
+    is."""
 
-    __slots__ = ("pool", "keys", "ids", "parts")
+    __slots__ = ("pool", "keys", "hashes", "parts")
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self.keys: list[str] = []
-        self.ids: list[list[int]] = []
+        self.hashes: list[Sequence[str]] = []
         self.parts: list[Any] = []  # page ids (KV) or one state slot each (MAMBA)
 
 
@@ -57,7 +58,7 @@ class Batch:
 
 def select_pages(batch: Batch, cache: Any, keyspace: StoreKeys, known: KnownPages,
                  skip: set[PoolName]) -> tuple[dict[PoolName, PoolPart], float | None]:
-    """Per pool, the keys, record ids and page ids of the batch's pages not known to be
+    """Per pool, the keys, page hashes and page ids of the batch's pages not known to be
     stored (pools in ``skip`` are written by another rank); and since when the skipped
     pages are known (None when some page of the batch is not)."""
     parts: dict[PoolName, PoolPart] = {}
@@ -66,8 +67,7 @@ def select_pages(batch: Batch, cache: Any, keyspace: StoreKeys, known: KnownPage
         name = transfer.name
         if name in skip:
             continue
-        hashes = transfer.keys
-        todo, ids, since = known.unknown(name, hashes)
+        todo, hashes, since = known.unknown(name, transfer.keys)
         if since is not None and oldest is not None:
             oldest = min(oldest, since)
         if todo is not None and not todo:
@@ -75,10 +75,8 @@ def select_pages(batch: Batch, cache: Any, keyspace: StoreKeys, known: KnownPage
         part = parts.get(name)
         if part is None:
             part = parts[name] = PoolPart(cache.pool(name))
-        if todo is not None:
-            hashes = [hashes[i] for i in todo]
         part.keys += keyspace.keys(name, namespace, hashes)
-        part.ids.append(ids)
+        part.hashes.append(hashes)
         _add_pages(part, transfer.device_indices, todo)
     return parts, oldest
 

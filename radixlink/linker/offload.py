@@ -228,14 +228,15 @@ class OffloadPolicy:
                                  self._side_stream())
         job_id = self.linker.submit(job)
         self._tickets[job_id] = batch.ticket
-        written = [ids for part in parts.values() for ids in part.ids]
+        written = [(name, hashes) for name, part in parts.items() for hashes in part.hashes]
         # NOTE: known from now on, so later batches skip them while this one is in flight
         # (slow stores); a failed write forgets them again.
-        for ids in written:
-            self.known.add(ids)
+        for name, hashes in written:
+            self.known.add(name, hashes)
         self._inflight[batch.ticket] = Offload(
             ticket=batch.ticket, nodes=batch.nodes, num_bytes=batch.num_bytes,
-            num_pages=sum(map(len, written)), written=written, ready=ready)
+            num_pages=sum(len(part.keys) for part in parts.values()), written=written,
+            ready=ready)
         self._stats["offload_batches"] += 1
 
     def _side_stream(self) -> Any:
@@ -270,8 +271,8 @@ class OffloadPolicy:
             self._stats["offloaded_pages"] += offload.num_pages
             self._stats["offloaded_bytes"] += done.num_bytes
         else:
-            for ids in offload.written:
-                self.known.discard(ids)
+            for name, hashes in offload.written:
+                self.known.discard(name, hashes)
             self._stats["failures_offload"] += 1
         now, events = time.monotonic(), getattr(self.linker.cache, "kv_events", None)
         for node in offload.nodes:  # split fragments were added by on_split
@@ -291,7 +292,7 @@ class OffloadPolicy:
         ``prefix_len`` also holds device pages nobody checked)."""
         for transfer in transfers:
             if transfer is not None:
-                self.known.add(self.known.ids(transfer.name, transfer.keys))
+                self.known.add(transfer.name, transfer.keys)
         now, node = time.monotonic(), last_node
         while node.parent is not None and node.seq_len - node.num_tokens >= prefix_len:
             node.external_cache_stored = True
@@ -309,7 +310,7 @@ class OffloadPolicy:
             pos += len(transfer.keys)
             if not all(found):
                 gone = [h for h, hit in zip(transfer.keys, found) if not hit]
-                self.known.discard(self.known.ids(transfer.name, gone))
+                self.known.discard(transfer.name, gone)
 
     def _revalidate(self, node: Any) -> None:
         """Re-check, with one presence call, stale stored marks on ``node``'s path; pages the
@@ -322,19 +323,19 @@ class OffloadPolicy:
             node = node.parent
         if not stale:
             return
-        keys_per_node, ids_per_node, namespace = [], [], _namespace_of(stale[0])
+        keys_per_node, pages_per_node, namespace = [], [], _namespace_of(stale[0])
         for item in stale:
             keys: list[str] = []
-            ids: list[int] = []
+            pages: list[tuple[PoolName, str]] = []  # (pool, page hash) per key
             for component in self.linker.cache.components:
                 transfer = component.build_external_linker_transfer(_OFFLOAD, item,
                                                                     item.hash_value)
                 if transfer is not None:
                     keys.extend(self.linker.keyspace.keys(transfer.name, namespace,
                                                           transfer.keys))
-                    ids.extend(self.known.ids(transfer.name, transfer.keys))
+                    pages.extend((transfer.name, h) for h in transfer.keys)
             keys_per_node.append(keys)
-            ids_per_node.append(ids)
+            pages_per_node.append(pages)
         present = self.linker.guard.exists([k for keys in keys_per_node for k in keys])
         if present is None:  # failed, slow or skipped (breaker open): check again next hit
             self._stats["failures_revalidate"] += 1
@@ -342,13 +343,16 @@ class OffloadPolicy:
         self._stats["revalidations"] += 1
         pos, now = 0, time.monotonic()
         events = getattr(self.linker.cache, "kv_events", None)
-        for item, keys, ids in zip(stale, keys_per_node, ids_per_node):
+        for item, keys, pages in zip(stale, keys_per_node, pages_per_node):
             found = present[pos : pos + len(keys)]
-            self.known.add(i for i, hit in zip(ids, found) if hit)
+            for (name, page), hit in zip(pages, found):
+                if hit:
+                    self.known.add(name, (page,))
+                else:
+                    self.known.discard(name, (page,))
             if all(found):
                 item.stored_at = now
             else:
-                self.known.discard(i for i, hit in zip(ids, found) if not hit)
                 item.external_cache_stored = False
                 item.stored_at = None
                 self._stats["lost_nodes"] += 1

@@ -7,7 +7,7 @@ Owns plain data and byte movement between pools and host buffers. Must not touch
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,7 +90,7 @@ class Offload:
     nodes: list[Any]
     num_bytes: int
     num_pages: int
-    written: list[list[int]]  # ids (KnownPages) of the pages it writes, known ones skipped
+    written: list[tuple[PoolName, Sequence[str]]]  # (pool, page hashes) it writes, known skipped
     ready: Any = None  # CUDA: the event of the gather into staging (None on CPU)
 
 

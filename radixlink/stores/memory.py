@@ -32,6 +32,8 @@ class MemoryStore(Store):
             (``put`` returns False for it and counts it).
     """
 
+    in_process = True  # a put is a copy and a dict insert: nothing for a thread to overlap
+
     def __init__(self, capacity_bytes: int = parse_size(DEFAULT_CAPACITY)):
         if capacity_bytes <= 0:
             raise ValueError(f"capacity must be > 0 bytes, got {capacity_bytes}")
@@ -92,10 +94,10 @@ class MemoryStore(Store):
         return out
 
     def put(self, items: Mapping[str, Any]) -> list[bool]:
-        # NOTE: bytes(...) is a no-op for bytes and copies other buffers (a staging view the
-        # caller reuses), outside the lock: the one copy a memory store needs.
+        # NOTE: bytes(...) returns a bytes value itself and copies other buffers (a staging
+        # view the caller reuses), outside the lock: the one copy a memory store needs.
         keys = list(items)
-        values = [value if type(value) is bytes else bytes(value) for value in items.values()]
+        values = list(map(bytes, items.values()))
         sizes = list(map(len, values))
         if not sizes:
             return []

@@ -6,6 +6,7 @@ node was inserted even if eviction reuses its slots; a lookup's page hashes serv
 
 from __future__ import annotations
 
+import threading
 import time
 
 import serving
@@ -162,3 +163,36 @@ def test_the_insert_reuses_the_page_hashes_of_its_lookup() -> None:
     path_hashes = [h for n in cache.tree.path_to(node) for h in n.hash_value]
     assert path_hashes == fresh
     linker.close()
+
+
+class _ThreadRecordingStore(MemoryStore):
+    """A memory store that notes which thread each put ran on."""
+
+    def __init__(self, in_process: bool) -> None:
+        super().__init__(64 << 20)
+        self.in_process = in_process
+        self.put_threads: list[int] = []
+
+    def put(self, items):  # type: ignore[no-untyped-def]
+        self.put_threads.append(threading.get_ident())
+        return super().put(items)
+
+
+def test_offloads_to_an_in_process_store_run_on_the_engine_thread() -> None:
+    """A memory store (in_process) gets the offload's put on the engine thread, inside the
+    insert, and the pages are stored before any poll; a store that may wait gets it on the
+    worker thread. Both end with the same pages stored and marked."""
+    engine = threading.get_ident()
+    for in_process in (True, False):
+        store = _ThreadRecordingStore(in_process)
+        cache = make_cache()
+        linker = ExternalCacheLinker(cache, store)
+        serve(cache, A)  # a lone insert: its batch goes out at once
+        if in_process:
+            assert store.put_threads == [engine]
+            assert store.stats()["pages"] == 10  # written before any poll or flush
+        linker.flush()
+        assert len(store.put_threads) == 1 and (store.put_threads[0] == engine) == in_process
+        assert linker.stats()["offloaded_pages"] == 10
+        assert cache.match_prefix(A).last_node.external_cache_stored
+        linker.close()

@@ -26,3 +26,24 @@ def test_bench_store_smoke(tmp_path: Path, capsys: object) -> None:
         (page, fmt) for page in ("64 KiB", "256 KiB") for fmt in ("checksum", "key digest", "HMAC")
     ]
     assert all(row["encode MB/s"] > 0 and row["decode MB/s"] > 0 for row in codec_rows)
+
+
+def test_bench_store_file_rows_compare_with_checked_raw_baselines(tmp_path: Path) -> None:
+    """A file store's put and get rows each come twice: against the plain raw write / read
+    and against the raw forms with the store's guarantees (temp + rename; nofollow open +
+    fstat + readv); the raw files are gone afterwards."""
+    out = tmp_path / "store.json"
+    root = tmp_path / "pages"
+    argv = ["--store", f"file://{root}?capacity=64MiB", "--total", "256KiB", "--repeat", "1",
+            "--page-sizes", "64KiB", "--json", str(out)]
+    assert main(argv) == 0
+    rows = json.loads(out.read_text())["rows"]
+    baselines = [(row["op"], row["raw baseline"]) for row in rows]
+    assert baselines == [
+        ("put", "open + write / readv"), ("put", "temp + write + rename"),
+        ("get", "open + write / readv"), ("get", "nofollow open + fstat + readv"),
+        ("encode+put", "open + write / readv"), ("encode+put", "temp + write + rename"),
+        ("get+decode", "open + write / readv"), ("get+decode", "nofollow open + fstat + readv"),
+    ]
+    assert all(row["store GB/s"] > 0 and row["raw GB/s"] > 0 for row in rows)
+    assert not (tmp_path / "pages.rawbench").exists()

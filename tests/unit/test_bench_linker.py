@@ -28,3 +28,19 @@ def test_bench_linker_smoke(tmp_path: Path) -> None:
     figures = [row["figure"] for row in data["rows"]]
     assert sum(f.startswith("CPU/request") for f in figures) == 2
     assert sum(f.startswith("load ") for f in figures) == 2
+
+
+def test_bench_linker_breakdown_rows(tmp_path: Path) -> None:
+    """--breakdown adds, per capacity, the tree with the linker's KV pools and with pools and
+    page hashes (no linker: nothing offloaded) between the plain tree and the linker row."""
+    out = tmp_path / "linker.json"
+    argv = ["--parts", "tree", "--requests", "40", "--file-requests", "0", "--rounds", "1",
+            "--capacity", "8192", "--breakdown", "--json", str(out)]
+    assert main(argv) == 0
+    tree = json.loads(out.read_text())["tree"]
+    assert [row["mode"] for row in tree] == [
+        "plain", "tree + KV pools", "tree + KV pools + page hashes", "memory://"]
+    assert [row["pages offloaded/req"] > 0 for row in tree] == [False, False, False, True]
+    figures = [row["figure"] for row in json.loads(out.read_text())["rows"]]
+    assert sum(f.startswith("CPU/request") for f in figures) == 3
+    assert sum(f.startswith("pages offloaded") for f in figures) == 1
