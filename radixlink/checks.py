@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from radixlink.contract import InsertParams
@@ -46,13 +47,16 @@ def check_insert_slots(params: InsertParams, aligned_len: int, full: Any, mamba:
                 f"page_size={full.page_size}; insert value[:{aligned_len}] with the state at "
                 "that boundary"
             )
-    prev = params.prev_prefix_len
-    if prev and not full.ownership.all_owned(value[:prev]):
+    prev, ps = params.prev_prefix_len, full.page_size
+    # NOTE: one host view of the slots for every check below: numpy ops cost ~1 us each here,
+    # torch slicing and dispatch several (this runs on every insert)
+    arr = value.numpy() if value.device.type == "cpu" else value.cpu().numpy()
+    if prev and not full.ownership.pages_owned(arr[:prev:ps] // ps).all():
         raise ValueError(
             f"insert value[:{prev}] (prev_prefix_len) holds slots the tree does not own; pass "
             "the device_indices of a match whose last_node you locked"
         )
-    check_fresh_slots(full.allocator, full.ownership, value, prev, aligned_len)
+    check_fresh_slots(full.allocator, full.ownership, arr, prev, aligned_len)
 
 
 def check_linkable(config: Any, components: Any, pools: Any) -> None:
@@ -72,19 +76,21 @@ def check_linkable(config: Any, components: Any, pools: Any) -> None:
             )
 
 
-def check_fresh_slots(allocator: Any, ownership: Any, value: torch.Tensor, start: int,
+def check_fresh_slots(allocator: Any, ownership: Any, slots: np.ndarray, start: int,
                       end: int) -> None:
-    """``value[start:end]`` must be distinct, whole, page-aligned runs of slots that the caller
-    holds (handed out by the allocator, not owned by the tree); ValueError naming the first
-    bad slot and the rule otherwise. Vectorised: a few array ops per call."""
-    part = value[start:end]
+    """``slots[start:end]`` (host int64 slot ids) must be distinct, whole, page-aligned runs of
+    slots that the caller holds (handed out by the allocator, not owned by the tree);
+    ValueError naming the first bad slot and the rule otherwise. Vectorised: a few array ops
+    per call."""
+    part = slots[start:end]
     problem = allocator.explain_not_held(part)
-    if problem is None and ownership.any_owned(part, whole_pages=True):
+    if problem is None:
         ps = allocator.page_size
-        owned = ownership.owned_mask(part[::ps])
-        i = int(owned.nonzero()[0, 0]) * ps
-        problem = (f"slot {int(part[i])} at index {i} belongs to the tree (a matched or "
-                   "inserted page); pass the match's prefix_len as prev_prefix_len")
+        owned = ownership.pages_owned(part[::ps] // ps)
+        if owned.any():
+            i = int(np.argmax(owned)) * ps
+            problem = (f"slot {int(part[i])} at index {i} belongs to the tree (a matched or "
+                       "inserted page); pass the match's prefix_len as prev_prefix_len")
     if problem is not None:
         raise ValueError(
             f"insert value[{start}:{end}] must be slots you hold from alloc: {problem}; "

@@ -70,9 +70,18 @@ class PageOwnership:
         part = slots[:: self.page_size]
         return bool(self._owned[part // self.page_size].all()) if part.numel() else True
 
-    def owned_mask(self, heads: torch.Tensor) -> torch.Tensor:
-        """Per page-head slot of ``heads``: whether its page is tree-owned (error paths)."""
-        return self._owned[heads.to(self._owned.device) // self.page_size]
+    def pages_owned(self, pages: np.ndarray) -> np.ndarray:
+        """Per page id of ``pages`` (host int64, each in ``0..num_pages``): whether the tree
+        owns it, as a host bool array (input checks: no torch dispatch on CPU). Ids outside
+        the pool (caller input) are not owned."""
+        if pages.size and (pages.min() < 0 or pages.max() >= self._owned.shape[0]):
+            inside = (pages >= 0) & (pages < self._owned.shape[0])
+            owned = np.zeros(pages.shape, dtype=np.bool_)
+            owned[inside] = self.pages_owned(pages[inside])
+            return owned
+        if self._np is not None:
+            return self._np[pages]
+        return self._owned[torch.from_numpy(pages).to(self.device)].cpu().numpy()
 
     def owned_pages(self) -> torch.Tensor:
         """Ids of every tree-owned page, ascending (for invariant checks)."""

@@ -132,7 +132,7 @@ class PagedAllocator:
             return False
         return not np.count_nonzero(self._is_free[pages])
 
-    def explain_not_held(self, slots: torch.Tensor) -> str | None:
+    def explain_not_held(self, slots: torch.Tensor | np.ndarray) -> str | None:
         """Why ``slots`` are not distinct, whole, page-aligned runs that are all handed out
         right now, naming the first bad slot (None when they are). For validating caller input
         before anything changes: a handful of array ops when the slots are good."""
@@ -234,7 +234,9 @@ class PagedAllocator:
                 raise ValueError(f"slots are not page aligned runs of page_size={ps}")
         return pages
 
-    def _host(self, tensor: torch.Tensor) -> np.ndarray:
+    def _host(self, tensor: torch.Tensor | np.ndarray) -> np.ndarray:
+        if isinstance(tensor, np.ndarray):
+            return tensor
         return tensor.numpy() if self._on_cpu else tensor.cpu().numpy()
 
     def _to_device(self, arr: np.ndarray) -> torch.Tensor:

@@ -6,6 +6,7 @@ holding K/V; the two PagedAllocators it wraps own their free lists.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from radixlink.memory.allocator import PagedAllocator
@@ -200,7 +201,7 @@ class SWAFullSide:
     def available_size(self) -> int:
         return self._hybrid.full_available_size()
 
-    def explain_not_held(self, slots: torch.Tensor) -> str | None:
+    def explain_not_held(self, slots: torch.Tensor | np.ndarray) -> str | None:
         return self._hybrid.full.explain_not_held(slots)
 
     def total_size(self) -> int:

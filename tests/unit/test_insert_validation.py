@@ -93,6 +93,25 @@ def test_prefix_slots_must_be_the_trees_own() -> None:
     cache.check_invariants()
 
 
+@pytest.mark.parametrize("prefix", ["negative", "past the pool"])
+def test_prefix_slots_outside_the_pool_are_refused(prefix: str) -> None:
+    """value[:prev_prefix_len] outside the pool is a ValueError, not an IndexError (past the
+    pool) and never a pass: a negative slot's page id used to wrap to the last page, which
+    the tree owned, and the insert went through with slot -4 in its key's value."""
+    cache = make()
+    kv = cache.alloc(64)  # every page: the last one is the tree's below
+    cache.insert(InsertParams(key=list(range(64)), value=kv))
+    bad = torch.arange(-4, 0) if prefix == "negative" else torch.arange(68, 72)
+    m = cache.match_prefix(list(range(64)))
+    handle = cache.lock(m.last_node)
+    before = snapshot(cache)
+    with pytest.raises(ValueError, match="does not own"):
+        cache.insert(InsertParams(key=[7, 7, 7, 7], value=bad, prev_prefix_len=4))
+    assert snapshot(cache) == before
+    cache.unlock(handle)
+    cache.check_invariants()
+
+
 def test_permuted_slots_with_a_linker_are_refused_before_anything_changes() -> None:
     """With a linker attached, permuted slots used to be adopted and then a ValueError escaped
     insert, leaving a prefix every later insert choked on; now the first insert is refused and
