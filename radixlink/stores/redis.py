@@ -17,7 +17,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
 from radixlink.errors import StoreError
-from radixlink.stores.base import Store
+from radixlink.stores.base import Store, copy_into
 from radixlink.stores.params import (
     AUTH,
     Param,
@@ -149,6 +149,7 @@ class RedisStore(Store):
         self.read_only = read_only
         self._lock = threading.Lock()
         self._counts = {"hits": 0, "misses": 0, "puts": 0, "put_failures": 0}
+        self._last_reply: bytes | None = None  # see get_into
 
     @classmethod
     def from_url(cls, url: str, *, read_only: bool = False) -> RedisStore:
@@ -194,6 +195,19 @@ class RedisStore(Store):
         hits = sum(value is not None for value in values)
         self._count(hits=hits, misses=len(values) - hits)
         return values
+
+    def get_into(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int | None]:
+        if len(keys) != len(buffers):
+            raise ValueError(f"get_into: {len(keys)} keys but {len(buffers)} buffers; pass one "
+                             "buffer per key")
+        values = self.get(keys)
+        sizes = [copy_into(buf, value) for buf, value in zip(buffers, values, strict=True)]
+        # NOTE: keep the batch's last reply (one page) until the next read. Freeing every
+        # reply lets glibc hand the heap top back to the kernel, and the next batch then
+        # faults all its pages in again: loads measured 0.60-0.73 of a raw pipelined GET loop
+        # (whose loop variable happens to keep one reply alive) for this reason alone.
+        self._last_reply = values[-1] if values else None
+        return sizes
 
     def put(self, items: Mapping[str, Any]) -> list[bool]:
         if not items:
