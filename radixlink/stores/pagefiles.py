@@ -40,18 +40,8 @@ def read_page(path: str, max_bytes: int, touch_before: float | None) -> bytes:
             ``max_bytes``.
         OSError: any other read error.
     """
+    fd, st = _open_page(path, max_bytes)
     try:
-        fd = os.open(path, READ_FLAGS)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # the page name is a symlink
-            raise NotAPage(exc.errno, "a symlink under a page name") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotAPage(0, "not a regular file")
-        if st.st_size > max_bytes:
-            raise NotAPage(0, f"{st.st_size} bytes, over max_page_bytes={max_bytes}")
         data = os.read(fd, st.st_size)
         if len(data) < st.st_size:  # NOTE: one read suffices for regular files; loop if short
             parts = [data]
@@ -63,13 +53,7 @@ def read_page(path: str, max_bytes: int, touch_before: float | None) -> bytes:
                 parts.append(part)
                 left -= len(part)
             data = b"".join(parts)
-        if touch_before is not None and st.st_mtime < touch_before:
-            # NOTE: rarely, not per hit: an inode update per read halves read throughput.
-            # The fd is the page itself (opened without following links), never a link target.
-            try:
-                os.utime(fd)
-            except OSError:
-                pass  # a read-only directory: the read still counts
+        _touch(fd, st, touch_before)
         return data
     finally:
         os.close(fd)
@@ -86,6 +70,26 @@ def read_page_into(path: str, buffer: memoryview, max_bytes: int,
     Raises:
         FileNotFoundError, NotAPage, OSError: as ``read_page``.
     """
+    fd, st = _open_page(path, max_bytes)
+    try:
+        size = st.st_size
+        want = min(size, buffer.nbytes)
+        # NOTE: one readv per page straight into the caller's buffer; loop only if short.
+        done = os.readv(fd, [buffer[:want]])
+        while done < want:
+            part = os.readv(fd, [buffer[done:want]])
+            if not part:
+                return done
+            done += part
+        _touch(fd, st, touch_before)
+        return size
+    finally:
+        os.close(fd)
+
+
+def _open_page(path: str, max_bytes: int) -> tuple[int, os.stat_result]:
+    """An fd of the regular file at ``path`` (no link followed, no blocking open) and its
+    ``fstat``; NotAPage (the fd closed) for anything else or a file over ``max_bytes``."""
     try:
         fd = os.open(path, READ_FLAGS)
     except OSError as exc:
@@ -96,25 +100,24 @@ def read_page_into(path: str, buffer: memoryview, max_bytes: int,
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise NotAPage(0, "not a regular file")
-        size = st.st_size
-        if size > max_bytes:
-            raise NotAPage(0, f"{size} bytes, over max_page_bytes={max_bytes}")
-        want = min(size, buffer.nbytes)
-        # NOTE: one readv per page straight into the caller's buffer; loop only if short.
-        done = os.readv(fd, [buffer[:want]])
-        while done < want:
-            part = os.readv(fd, [buffer[done:want]])
-            if not part:
-                return done
-            done += part
-        if touch_before is not None and st.st_mtime < touch_before:
-            try:
-                os.utime(fd)  # NOTE: as read_page: rarely, and through the page's own fd
-            except OSError:
-                pass
-        return size
-    finally:
+        if st.st_size > max_bytes:
+            raise NotAPage(0, f"{st.st_size} bytes, over max_page_bytes={max_bytes}")
+    except BaseException:
         os.close(fd)
+        raise
+    return fd, st
+
+
+def _touch(fd: int, st: os.stat_result, touch_before: float | None) -> None:
+    """Refresh the page's mtime (LRU order across processes) when older than
+    ``touch_before``. NOTE: rarely, not per hit: an inode update per read halves read
+    throughput. The fd is the page itself (opened without following links), never a link
+    target."""
+    if touch_before is not None and st.st_mtime < touch_before:
+        try:
+            os.utime(fd)
+        except OSError:
+            pass  # a read-only directory: the read still counts
 
 
 def page_size_on_disk(path: str, max_bytes: int) -> int | None:
