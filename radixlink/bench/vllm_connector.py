@@ -132,12 +132,15 @@ def bench_worker(num_layers: int, num_blocks: int, batch: int, repeat: int) -> d
     ids = random.Random(1).sample(range(num_blocks), batch)
     pages = group.gather(ids)
     num_bytes = pages.numel()
+    staging = torch.empty(num_bytes, dtype=torch.uint8)
     src = torch.randn(num_bytes // 2, dtype=torch.float16)
     dst = torch.empty_like(src)
     flat = torch.randn(num_blocks, group.page_bytes // 2, dtype=torch.float16)
     idx = torch.tensor(ids)
     gbps = {
-        "gather (PagedGroup.gather)": _best_us(lambda: group.gather(ids), repeat),
+        "gather into a reused staging buffer (saves)": _best_us(
+            lambda: group.gather(ids, staging), repeat),
+        "gather into a fresh buffer": _best_us(lambda: group.gather(ids), repeat),
         "scatter (PagedGroup.scatter)": _best_us(lambda: group.scatter(ids, pages), repeat),
         "plain copy of the same bytes": _best_us(lambda: dst.copy_(src), repeat),
         "plain clone (fresh buffer, as gather)": _best_us(src.clone, repeat),

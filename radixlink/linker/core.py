@@ -26,10 +26,10 @@ from radixlink.linker.phases import lock_device_prefix, publish, release, reserv
 from radixlink.linker.progress import LayerProgress
 from radixlink.linker.ranks import LocalRankGroup, RankGroup
 from radixlink.linker.records import Landing, LoadOutcome, Lookup
-from radixlink.linker.staging import StagingArena
 from radixlink.linker.stats import LinkerStats
 from radixlink.linker.storekeys import StoreKeys
 from radixlink.linker.worker import Completion, Job, TransferStatus, TransferWorker
+from radixlink.memory.host import StagingArena
 from radixlink.policy import EstimateTracker, Source
 from radixlink.stores.base import Store
 from radixlink.stores.registry import open_store

@@ -19,9 +19,10 @@ from radixlink.contract import PoolName, PoolTransfer
 from radixlink.linker.known import KnownPages
 from radixlink.linker.progress import LayerProgress
 from radixlink.linker.records import gather_pages, page_ids, pool_lander
-from radixlink.linker.staging import StagingArena, frames_bytes, layout_frames
+from radixlink.linker.staging import frames_bytes, layout_frames
 from radixlink.linker.storekeys import StoreKeys
 from radixlink.linker.worker import Job, PoolPages, TransferKind
+from radixlink.memory.host import StagingArena
 from radixlink.memory.pools import MambaStatePool
 from radixlink.stores.codec import PageCodec
 

@@ -1,13 +1,12 @@
-"""Host staging for the linker's transfers: reusable buffers (pinned when the pools are on CUDA)
-and ``Frames``, the layout of one pool's encoded pages inside a buffer.
+"""Host staging for the linker's transfers: ``Frames``, the layout of one pool's encoded pages
+inside a reusable host buffer (``memory.host.StagingArena``, pinned when the pools are on CUDA).
 
-Owns host buffers and byte offsets. Must not touch the tree, stores or pools: offload gathers
+Owns byte offsets. Must not touch the tree, stores or pools: offload gathers
 and load scatters write into the views it hands out; the codec fills headers in place.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +15,6 @@ from radixlink.stores.codec import HEADER_BYTES
 
 ALIGN = 16  # payloads start 16-byte aligned: pools move rows as up to 16-byte elements
 LEAD = -HEADER_BYTES % ALIGN  # bytes before a frame's header so its payload is aligned
-_MIN_CLASS = 1 << 12
 
 
 def frame_stride(frame_bytes: int) -> int:
@@ -74,49 +72,6 @@ class Frames:
         first = self.offset + LEAD
         return [view[pos : pos + size] for pos in range(first, first + self.count * stride,
                                                         stride)]
-
-
-class StagingArena:
-    """Reusable host buffers by power-of-two size class; buffers come back with ``release``
-    (from any thread). At most ``max_cached_bytes`` of released buffers are kept.
-
-    Args:
-        pinned: allocate page-locked memory (the pools are on CUDA).
-        max_cached_bytes: released bytes kept for reuse; the rest is freed.
-    """
-
-    def __init__(self, *, pinned: bool = False, max_cached_bytes: int = 64 << 20):
-        self.pinned = pinned
-        self.max_cached_bytes = max_cached_bytes
-        self._free: dict[int, list[tuple[torch.Tensor, memoryview]]] = {}
-        self._cached = 0
-        self._lock = threading.Lock()
-        self._counts = {"staging_allocs": 0, "staging_reuses": 0}
-
-    def acquire(self, nbytes: int) -> tuple[torch.Tensor, memoryview]:
-        """A buffer of at least ``nbytes`` (contents stale) and its byte view."""
-        size = max(_MIN_CLASS, 1 << max(0, nbytes - 1).bit_length())
-        with self._lock:
-            free = self._free.get(size)
-            if free:
-                self._cached -= size
-                self._counts["staging_reuses"] += 1
-                return free.pop()
-            self._counts["staging_allocs"] += 1
-        buffer = torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
-        return buffer, buffer.numpy().data
-
-    def release(self, buffer: torch.Tensor, view: memoryview) -> None:
-        """Give a buffer back (nobody may use it afterwards)."""
-        size = buffer.numel()
-        with self._lock:
-            if self._cached + size <= self.max_cached_bytes:
-                self._free.setdefault(size, []).append((buffer, view))
-                self._cached += size
-
-    def stats(self) -> dict[str, int]:
-        with self._lock:
-            return {**self._counts, "staging_cached_bytes": self._cached}
 
 
 def layout_frames(buffer: torch.Tensor, view: memoryview,

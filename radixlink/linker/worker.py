@@ -22,7 +22,8 @@ import torch
 
 from radixlink.contract import PoolName
 from radixlink.linker.progress import LayerProgress
-from radixlink.linker.staging import Frames, StagingArena
+from radixlink.linker.staging import Frames
+from radixlink.memory.host import StagingArena
 from radixlink.stores.base import Store
 from radixlink.stores.codec import PageCodec
 

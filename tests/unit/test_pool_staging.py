@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlink.linker.staging import LEAD, StagingArena, frames_bytes, layout_frames
+from radixlink.linker.staging import LEAD, frames_bytes, layout_frames
 from radixlink.memory import KVLayout, KVPool
+from radixlink.memory.host import StagingArena
 from radixlink.memory.pools import _SMALL_BYTES
 from radixlink.stores.codec import HEADER_BYTES
 

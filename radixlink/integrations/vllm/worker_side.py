@@ -21,6 +21,7 @@ import torch
 from radixlink.integrations.vllm.keys import GroupLayout, KeyScheme
 from radixlink.integrations.vllm.metadata import GroupPages, PageJob
 from radixlink.integrations.vllm.pages import PagedGroup
+from radixlink.memory.host import StagingArena
 from radixlink.stores.base import Store
 from radixlink.stores.codec import PageCodec
 
@@ -94,6 +95,9 @@ class WorkerSide:
                            f"{group.order}|{group.page_bytes}")  # fmt: skip
             self._codecs[gid] = PageCodec(fingerprint, group.page_bytes,
                                           secret=self._store.page_secret)
+        on_cuda = any(g.device.type == "cuda" for g in self._groups.values())
+        self._arena = StagingArena(pinned=on_cuda,
+                                   max_cached_bytes=min(self._max_inflight, 256 << 20))
 
     def start_loads(self, jobs: Sequence[PageJob]) -> None:
         """Queue each load on the I/O threads (store get + verify; no device writes)."""
@@ -101,20 +105,24 @@ class WorkerSide:
             self._submit(self._load, job)
 
     def save(self, jobs: Sequence[PageJob]) -> None:
-        """Copy each job's pages out now (the blocks may be reused after this step), then
-        queue the store writes. Finishing requests are reported done once copied."""
+        """Copy each job's pages out now (the blocks may be reused after this step) into
+        reused staging buffers, then queue the store writes. Finishing requests are reported
+        done once copied (or once their save was dropped: the bound below)."""
         for job in jobs:
-            pages = [(g, self._groups[g.group_id].gather(g.block_ids))
-                     for g in job.groups if g.block_ids]  # fmt: skip
+            groups = [g for g in job.groups if g.block_ids]
+            sizes = [len(g.block_ids) * self._groups[g.group_id].page_bytes for g in groups]
+            num_bytes = sum(sizes)
             if job.finishing:
                 self._finished_sending.add(job.req_id)
-            num_bytes = sum(p.numel() for _, p in pages)
             with self._lock:
                 if self._inflight_bytes + num_bytes > self._max_inflight:
                     self.stats["dropped_saves"] += 1
                     continue
                 self._inflight_bytes += num_bytes
-            self._submit(self._put, job, pages, num_bytes)
+            staging = [self._arena.acquire(size) for size in sizes]
+            pages = [(g, self._groups[g.group_id].gather(g.block_ids, buf[:size]))
+                     for g, size, (buf, _) in zip(groups, sizes, staging, strict=True)]
+            self._submit(self._put, job, pages, num_bytes, staging)
 
     def transfer_results(self) -> tuple[set[str], set[str], set[str]]:
         """Drain finished transfers: scatter verified pages into the KV tensors (this thread),
@@ -140,6 +148,11 @@ class WorkerSide:
             self._load_errors |= done.bad_blocks
         sending, self._finished_sending = self._finished_sending, set()
         return sending, recving, failed
+
+    def staging_stats(self) -> dict[str, int]:
+        """The save staging buffers: ``staging_allocs``, ``staging_reuses``,
+        ``staging_cached_bytes``."""
+        return self._arena.stats()
 
     def take_load_errors(self) -> set[int]:
         """Block ids whose load failed since the last call (one-group layouts only)."""
@@ -207,7 +220,7 @@ class WorkerSide:
             self._store.delete(corrupt)
 
     def _put(self, job: PageJob, pages: list[tuple[GroupPages, torch.Tensor]],
-             num_bytes: int) -> None:  # fmt: skip
+             num_bytes: int, staging: list[tuple[torch.Tensor, memoryview]]) -> None:
         counts = {"saved_pages": 0, "skipped_pages": 0, "failed_saves": 0}
         try:
             items: dict[str, bytes] = {}
@@ -228,6 +241,8 @@ class WorkerSide:
             counts["failed_saves"] += 1
             logger.warning("radixlink save of %s failed: %s", job.req_id, exc)
         finally:
+            for buffer in staging:  # NOTE: every encode copied out of it (codec.encode)
+                self._arena.release(*buffer)
             with self._lock:
                 self._inflight_bytes -= num_bytes
                 for name, value in counts.items():

@@ -77,6 +77,8 @@ def test_chunked_prefill_saves_and_loads_every_chunk(nodes, model_dir, file_url)
         saved.append(node1.workers[0].worker.stats["saved_pages"])
     node1.run()
     assert saved[:6] == [2, 4, 6, 8, 10, 12], saved  # two pages per 32-token chunk
+    # every chunk after the first gathered into the staging buffer the previous save released
+    assert node1.workers[0].worker.staging_stats()["staging_reuses"] >= 5
     node2 = nodes(model_dir, file_url, max_batched=32)
     node2.add("b", prompt)
     assert _first_run(node2, "b") == (192, 8)

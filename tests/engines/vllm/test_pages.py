@@ -1,0 +1,39 @@
+"""``PagedGroup.gather`` into a caller's staging buffer (the vLLM connector's saves): the same
+pages as a fresh gather, written into that buffer, and a clear error for a wrong buffer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .conftest import VLLM_MISSING  # noqa: E402, I001
+
+pytest.importorskip("vllm", reason=VLLM_MISSING)
+
+from radixlink.integrations.vllm.pages import PagedGroup  # noqa: E402
+
+
+def _group() -> PagedGroup:
+    torch.manual_seed(0)
+    shape = (12, 4, 2, 8)  # physical [block, token, head, content]; views are [B, H, N, C]
+    return PagedGroup([torch.randn(shape).permute(0, 2, 1, 3) for _ in range(3)])
+
+
+def test_gather_into_a_staging_buffer_equals_a_fresh_gather() -> None:
+    group = _group()
+    ids = [7, 2, 11]
+    staging = torch.full((len(ids) * group.page_bytes,), 0xAB, dtype=torch.uint8)
+    pages = group.gather(ids, staging)
+    assert torch.equal(pages, group.gather(ids))
+    assert pages.data_ptr() == staging.data_ptr()  # written in place, no new buffer
+    group.scatter([0, 1, 3], pages)  # and the pages land where scatter puts them
+    assert torch.equal(group.gather([0, 1, 3]), pages)
+
+
+@pytest.mark.parametrize("bad", ["short", "dtype"])
+def test_a_wrong_staging_buffer_is_a_value_error(bad: str) -> None:
+    group = _group()
+    n = 2 * group.page_bytes
+    out = torch.empty(n - 1, dtype=torch.uint8) if bad == "short" else torch.empty(n // 4)
+    with pytest.raises(ValueError, match="host uint8 tensor of"):
+        group.gather([1, 2], out)
