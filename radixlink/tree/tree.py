@@ -1,4 +1,5 @@
-"""The radix tree core: walk, match, insert, split, lock, evict and the offload chain.
+"""The radix tree core: walk, match, insert, split, evict and the offload chain (locks:
+``LockTable``, locks.py).
 
 Owns structure (keys, parents, children, sizes), the per-tree clock, hit counts and page hashes.
 Never names a component and never touches allocators: slot decisions come back as ``Effects``.
@@ -15,6 +16,7 @@ from radixlink.contract import InsertParams, InsertResult
 from radixlink.hashing import namespace_id
 from radixlink.tree.hashes import leaf_hashes
 from radixlink.tree.keys import TOKEN_BYTES, common_prefix_bytes
+from radixlink.tree.locks import LockTable
 from radixlink.tree.node import Effects, InsertContext, LockHandle, MatchPath, TreeNode
 from radixlink.tree.protocol import Component, TreeObserver
 
@@ -56,9 +58,8 @@ class RadixTree:
         self.observer: TreeObserver | None = None
         self.kv_events: Any = None  # a KVEventQueue: device STORED / REMOVED per node
         self._next_id = 0
-        self._next_handle = 0
-        self._handles: dict[int, LockHandle] = {}
         self._root_ids: set[int] = set()
+        self.locks = LockTable(self.components, lambda top: id(top) in self._root_ids)
         self.root = self._new_root(namespace)
         self._roots: dict[str, TreeNode] = {namespace_id(namespace): self.root}
         for index, component in enumerate(self.components):
@@ -321,42 +322,15 @@ class RadixTree:
     # ------------------------------------------------------------------ locks
 
     def lock(self, node: TreeNode) -> LockHandle:
-        """Protect ``node`` for a request; returns the receipt for ``unlock``.
-
-        Raises:
-            ValueError: ``node`` was removed from the tree or belongs to another tree.
-        """
-        if not isinstance(node, TreeNode) or node.seq_len < 0:
-            raise ValueError(f"cannot lock {node!r}: it was evicted; match again and lock")
-        top = node
-        while top.parent is not None:
-            top = top.parent
-        if id(top) not in self._root_ids:
-            raise ValueError(f"cannot lock {node!r}: it belongs to another cache")
-        parts = () if node is top else tuple(c.lock(node) for c in self.components)
-        self._next_handle += 1
-        handle = LockHandle(node, parts, self, self._next_handle)
-        self._handles[handle.handle_id] = handle
-        return handle
+        """Protect ``node`` for a request (``LockTable.lock``)."""
+        return self.locks.lock(node)
 
     def unlock(self, handle: LockHandle) -> None:
-        """Release a ``lock`` receipt.
-
-        Raises:
-            ValueError: ``handle`` was already released or is not from this tree.
-        """
-        if not isinstance(handle, LockHandle) or handle.owner is not self:
-            raise ValueError(f"unlock of {handle!r}: not a lock handle of this cache")
-        if handle.released:
-            raise ValueError(f"unlock of {handle!r}: it was already released (unlock once)")
-        handle.released = True
-        del self._handles[handle.handle_id]
-        # NOTE: a root handle has no parts: zip stops at once.
-        for component, receipt in zip(self.components, handle.parts, strict=False):
-            component.unlock(handle.node, receipt)
+        """Release a ``lock`` receipt (``LockTable.unlock``)."""
+        self.locks.unlock(handle)
 
     def live_handles(self) -> list[LockHandle]:
-        return list(self._handles.values())
+        return self.locks.held()
 
     # ------------------------------------------------------------------ linker support
 

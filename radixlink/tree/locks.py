@@ -1,0 +1,68 @@
+"""``LockTable``: the lock receipts of one tree: taking every component's lock on a node,
+giving it back exactly once, and the receipts still held (for invariant checks).
+
+Owns the receipts only. The components own what a lock protects (``Component.lock``); the
+tree says which roots are its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from radixlink.tree.node import LockHandle, TreeNode
+from radixlink.tree.protocol import Component
+
+
+class LockTable:
+    """Lock receipts of one tree.
+
+    Args:
+        components: the tree's components, backbone first (each takes its own lock).
+        is_own_root: whether a root node belongs to this tree.
+    """
+
+    def __init__(self, components: Sequence[Component],
+                 is_own_root: Callable[[TreeNode], bool]):
+        self.components = tuple(components)
+        self._is_own_root = is_own_root
+        self._next_id = 0
+        self._held: dict[int, LockHandle] = {}
+
+    def lock(self, node: TreeNode) -> LockHandle:
+        """Protect ``node`` for a request; returns the receipt for ``unlock``.
+
+        Raises:
+            ValueError: ``node`` was removed from the tree or belongs to another tree.
+        """
+        if not isinstance(node, TreeNode) or node.seq_len < 0:
+            raise ValueError(f"cannot lock {node!r}: it was evicted; match again and lock")
+        top = node
+        while top.parent is not None:
+            top = top.parent
+        if not self._is_own_root(top):
+            raise ValueError(f"cannot lock {node!r}: it belongs to another cache")
+        parts = () if node is top else tuple(c.lock(node) for c in self.components)
+        self._next_id += 1
+        handle = LockHandle(node, parts, self, self._next_id)
+        self._held[handle.handle_id] = handle
+        return handle
+
+    def unlock(self, handle: LockHandle) -> None:
+        """Release a ``lock`` receipt.
+
+        Raises:
+            ValueError: ``handle`` was already released or is not from this tree.
+        """
+        if not isinstance(handle, LockHandle) or handle.owner is not self:
+            raise ValueError(f"unlock of {handle!r}: not a lock handle of this cache")
+        if handle.released:
+            raise ValueError(f"unlock of {handle!r}: it was already released (unlock once)")
+        handle.released = True
+        del self._held[handle.handle_id]
+        # NOTE: a root handle has no parts: zip stops at once.
+        for component, receipt in zip(self.components, handle.parts, strict=False):
+            component.unlock(handle.node, receipt)
+
+    def held(self) -> list[LockHandle]:
+        """Every receipt not yet released."""
+        return list(self._held.values())
