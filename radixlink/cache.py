@@ -31,6 +31,7 @@ from radixlink.contract import (
 )
 from radixlink.eviction import EvictionPath
 from radixlink.hashing import layer_namespaces
+from radixlink.hybrid_slots import HybridSlots
 from radixlink.memory.allocator import tensor_device
 from radixlink.metrics import KVEventQueue
 from radixlink.tree.invariants import check_tree
@@ -58,8 +59,8 @@ class UnifiedCache:
     ``MatchResult`` are the tree's: read them, never free them.
 
     Hybrid caches (``sliding_window`` / ``mamba_num_states``) keep these methods and add
-    ``swa_slots``, ``free_swa``, ``alloc_state``, ``copy_state``, ``free_state`` (docs/tree.md,
-    "Hybrid").
+    ``swa_slots``, ``free_swa``, ``alloc_state``, ``copy_state``, ``free_state`` (``HybridSlots``,
+    docs/tree.md, "Hybrid").
 
     Args:
         config: sizes, device, layouts and modes.
@@ -79,6 +80,7 @@ class UnifiedCache:
         self.tree = RadixTree(self._components, config.page_size, namespace=config.namespace,
                               hashing=config.hashing_enabled, hash_algo=config.hash_algo)
         self._eviction = EvictionPath(self.tree, self._components)
+        self.hybrid = HybridSlots(self.tree, parts.full, parts.swa, parts.mamba, self.device)
         self._linker: Any = None
         self._hashes_for: Any = None  # the linker's page_hashes_for(key, namespace), if any
         self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
@@ -276,72 +278,24 @@ class UnifiedCache:
     # ---------------------------------------------------------------- hybrid requests
 
     def swa_slots(self, full_slots: torch.Tensor) -> torch.Tensor:
-        """The SWA slot mapped to each full slot (0 where none is): where a request writes and
-        reads SWA K/V for the tokens at ``full_slots``.
-
-        Raises:
-            ValueError: this cache has no SWA component, or malformed slots.
-        """
-        return _need(self._swa, "swa_slots").allocator.translate_full_to_swa(full_slots)
+        """The SWA slot mapped to each full slot (``HybridSlots.swa_slots``)."""
+        return self.hybrid.swa_slots(full_slots)
 
     def free_swa(self, full_slots: torch.Tensor) -> None:
-        """Free the SWA pages mapped to the caller's whole full pages ``full_slots`` (tokens
-        that left the window); the full pages stay the caller's. Unmapped pages are skipped.
-        Pass the position below which all SWA pages are gone as ``swa_evicted_seqlen``.
-
-        Raises:
-            ValueError: no SWA component, tree-owned or malformed slots; nothing changes.
-        """
-        swa = _need(self._swa, "free_swa")
-        check_slots("full_slots", full_slots, self.device)
-        self._full.check_held(full_slots)
-        swa.free_held(full_slots)
+        """Free the SWA pages mapped to the caller's full pages (``HybridSlots.free_swa``)."""
+        self.hybrid.free_swa(full_slots)
 
     def alloc_state(self) -> int | None:
-        """A fresh request-held Mamba state slot (contents stale; zero it for a new sequence),
-        evicting a cached state when none is free; None when all are held or locked.
-
-        Raises:
-            ValueError: this cache has no MAMBA component.
-        """
-        mamba = _need(self._mamba, "alloc_state")
-        slot = mamba.alloc()
-        if slot is None:
-            mamba.make_room(1)
-            slot = mamba.alloc()
-        return slot
+        """A fresh request-held Mamba state slot (``HybridSlots.alloc_state``)."""
+        return self.hybrid.alloc_state()
 
     def copy_state(self, node: TreeNode) -> int | None:
-        """A fresh request-held state slot holding a copy of the state at ``node``'s end (the
-        ``last_node`` of a non-empty match): copy-on-write, the explicit step after match.
-        Evicts another cached state when none is free; None when even that fails. Lock
-        ``node`` first (its state is then protected while others are evicted).
-
-        Raises:
-            ValueError: no MAMBA component, or ``node`` holds no state (evicted meanwhile:
-                match again).
-        """
-        mamba = _need(self._mamba, "copy_state")
-        if not isinstance(node, TreeNode) or node.seq_len < 0 or node.values[mamba.index] is None:
-            raise ValueError(f"copy_state of {node!r}: it holds no state (evicted since the "
-                             "match?); lock the match's last_node before copying")
-        slot = mamba.copy_state(node)
-        if slot is None:
-            handle = self.tree.lock(node)  # NOTE: the lock keeps this state while others go
-            try:
-                mamba.make_room(1)
-            finally:
-                self.tree.unlock(handle)
-            slot = mamba.copy_state(node)
-        return slot
+        """A request-held copy of the state at ``node``'s end (``HybridSlots.copy_state``)."""
+        return self.hybrid.copy_state(node)
 
     def free_state(self, slot: int) -> None:
-        """Return a request-held state slot (``alloc_state``, ``copy_state``).
-
-        Raises:
-            ValueError: no MAMBA component, a tree-owned slot or a double free.
-        """
-        _need(self._mamba, "free_state").free(slot)
+        """Return a request-held state slot (``HybridSlots.free_state``)."""
+        self.hybrid.free_state(slot)
 
     # ---------------------------------------------------------------- inspection
 
@@ -421,10 +375,3 @@ class UnifiedCache:
         self.tree.observer = None
         self._hashes_for = None
 
-
-def _need(component: Any, what: str) -> Any:
-    if component is None:
-        swa = "swa" in what
-        name, setting = ("SWA", "sliding_window") if swa else ("MAMBA", "mamba_num_states")
-        raise ValueError(f"{what}: this cache has no {name} component (set {setting})")
-    return component
