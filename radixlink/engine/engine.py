@@ -208,7 +208,7 @@ class Engine:
         use = prefix.slots.numel()
         if prefix.landing is None:
             return seq, prefix, self._prefill(seq, tokens, use)
-        wait = layer_waiter(prefix.landing, self._layer_pools, self.linker.load_timeout_s)
+        wait = layer_waiter(prefix.landing, self._layer_pools, self.linker.config.load_timeout_s)
         try:
             logits: torch.Tensor | None = self._prefill(seq, tokens, use, wait)
         except LoadFailed:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from radixlink.contract import InsertParams, MatchResult, PoolName, PoolTransfer
+from radixlink.contract import InsertParams, MatchResult, PoolTransfer
 from radixlink.linker.breaker import CircuitBreaker, StoreGuard
 from radixlink.linker.completions import Completions
 from radixlink.linker.config import LinkerConfig
@@ -25,7 +25,7 @@ from radixlink.linker.outcomes import failure_outcome, failure_reason, landing, 
 from radixlink.linker.phases import lock_device_prefix, publish, release, reserve
 from radixlink.linker.progress import LayerProgress
 from radixlink.linker.ranks import LocalRankGroup, RankGroup
-from radixlink.linker.records import Landing, LoadOutcome, Lookup
+from radixlink.linker.records import Landing, LoadOutcome, Lookup, kv_bytes_per_token
 from radixlink.linker.stats import LinkerStats
 from radixlink.linker.storekeys import StoreKeys
 from radixlink.linker.worker import Completion, Job, TransferStatus, TransferWorker
@@ -80,9 +80,8 @@ class ExternalCacheLinker:
         self.cache = cache
         self.ranks = ranks or LocalRankGroup()
         self.page_size: int = cache.page_size
-        self.load_timeout_s = config.load_timeout_s
         self.cost_model = cost_model
-        self.bytes_per_token = _bytes_per_token(cache)
+        self.bytes_per_token = kv_bytes_per_token(cache)
         self.metrics = LinkerStats()
         self._stats = self.metrics.counters
         self.guard = StoreGuard(self.store, CircuitBreaker(config.breaker))
@@ -97,14 +96,7 @@ class ExternalCacheLinker:
         self._loads = LoadTable()
         self._jobs = Completions(self._worker, self.ranks)
         self._closed = False
-        self.offload = OffloadPolicy(
-            self,
-            write_policy=config.write_policy,
-            threshold=config.write_through_threshold,
-            max_inflight_bytes=config.max_inflight_bytes,
-            revalidate_after_s=config.revalidate_after_s,
-            max_known_pages=config.max_known_pages,
-        )
+        self.offload = OffloadPolicy(self, config)
         self.keyspace = StoreKeys(self.ranks.rank, self.offload.replicated)
         cache.attach_linker(self)
 
@@ -166,7 +158,7 @@ class ExternalCacheLinker:
             self._stats["stale_lookups"] += 1
             return False
         assert locked is not None
-        limit = self.load_timeout_s if timeout_s is None else timeout_s
+        limit = self.config.load_timeout_s if timeout_s is None else timeout_s
         member = Member(req_id=req_id, lookup=lookup, handle=locked[0], device_slots=locked[1],
                         deadline=time.monotonic() + limit)
         shared = self._loads.shared(lookup)
@@ -406,13 +398,3 @@ class ExternalCacheLinker:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-
-def _bytes_per_token(cache: Any) -> int:
-    """KV bytes a loaded token brings: the full pool's, plus the SWA pool's (an upper bound:
-    a load brings SWA pages for the window only)."""
-    total = 0
-    for name in (PoolName.KV, PoolName.SWA):
-        pool = cache.pool(name)
-        if pool is not None:
-            total += int(pool.layout.token_bytes)
-    return max(total, 1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +21,9 @@ from radixlink.linker.known import KnownPages
 from radixlink.linker.records import Offload, pool_fingerprint, pool_page_bytes, pool_replicated
 from radixlink.linker.worker import Completion
 from radixlink.stores.codec import PageCodec
+
+if TYPE_CHECKING:  # NOTE: config imports WritePolicy from here
+    from radixlink.linker.config import LinkerConfig
 
 _OFFLOAD = LinkerTransferPhase.OFFLOAD
 
@@ -50,35 +53,25 @@ class OffloadPolicy:
 
     Args:
         linker: the owning ``ExternalCacheLinker`` (store keys, worker, ranks, counters).
-        write_policy: one of ``WRITE_POLICIES``.
-        threshold: hits before a ``write_through_selective`` offload (``write_through``
-            uses 1: a node's creating insert counts as its first hit).
-        max_inflight_bytes: bytes of offloads queued or in flight before new ones are dropped.
-        revalidate_after_s: age after which a stored mark is re-checked on a hit; also how
-            long the record of known pages trusts a confirmation.
-        max_known_pages: store keys remembered as stored across device evictions (0: off;
-            with several ranks it is off, since ranks would remember different pages).
+        config: the linker's validated ``LinkerConfig``; this uses ``write_policy``,
+            ``write_through_threshold`` (hits before a ``write_through_selective`` offload;
+            ``write_through`` uses 1: a node's creating insert counts as its first hit),
+            ``max_inflight_bytes`` (queued or in flight before new offloads are dropped),
+            ``revalidate_after_s`` (age after which a stored mark is re-checked on a hit; also
+            how long the record of known pages trusts a confirmation) and ``max_known_pages``
+            (0: off; with several ranks it is off, since ranks would remember different pages).
         batch_pages: queued pages that send a batch at once.
         batch_window_s: offloads within this long after a batch went out wait for company.
     """
 
-    def __init__(self, linker: Any, *, write_policy: WritePolicy | str, threshold: int,
-                 max_inflight_bytes: int, revalidate_after_s: float, max_known_pages: int,
-                 batch_pages: int = 512, batch_window_s: float = 0.005):
-        try:
-            write_policy = WritePolicy(write_policy)
-        except ValueError:
-            raise ValueError(f"write_policy must be one of {WRITE_POLICIES}, got "
-                             f"{write_policy!r}") from None
-        if not isinstance(threshold, int) or threshold < 1:
-            raise ValueError(f"write_through_threshold must be an int >= 1, got {threshold!r}")
-        if max_inflight_bytes <= 0:
-            raise ValueError(f"max_inflight_bytes must be positive, got {max_inflight_bytes}")
+    def __init__(self, linker: Any, config: LinkerConfig, *, batch_pages: int = 512,
+                 batch_window_s: float = 0.005):
         self.linker = linker
-        self.write_policy = write_policy
-        self.threshold = 1 if write_policy is WritePolicy.WRITE_THROUGH else threshold
-        self.max_inflight_bytes = max_inflight_bytes
-        self.revalidate_after_s = revalidate_after_s
+        self.write_policy = write_policy = config.write_policy
+        self.threshold = (1 if write_policy is WritePolicy.WRITE_THROUGH
+                          else config.write_through_threshold)
+        self.max_inflight_bytes = config.max_inflight_bytes
+        self.revalidate_after_s = revalidate_after_s = config.revalidate_after_s
         # NOTE: a clock would batch differently on each rank, and ranks must submit the same
         # jobs in the same order: with several ranks every offload goes out at once.
         self.batch_pages = batch_pages
@@ -88,7 +81,8 @@ class OffloadPolicy:
         # different jobs, which the rank agreement of completions cannot allow. A zero
         # revalidation age trusts no mark, so nothing is remembered either.
         trusted = linker.ranks.world_size == 1 and revalidate_after_s > 0
-        self.known = KnownPages(max_known_pages if trusted else 0, revalidate_after_s or 1.0)
+        self.known = KnownPages(config.max_known_pages if trusted else 0,
+                                revalidate_after_s or 1.0)
         self._codecs: dict[PoolName, PageCodec] = {}
         self._page_bytes: dict[PoolName, int] = {}
         self._inflight: dict[int, Offload] = {}  # ticket -> offload

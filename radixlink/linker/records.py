@@ -186,3 +186,14 @@ def pool_fingerprint(pool: Any, name: PoolName) -> str:
 
 def pool_replicated(pool: Any) -> bool:
     return bool(getattr(pool.layout, "replicated", False))
+
+
+def kv_bytes_per_token(cache: Any) -> int:
+    """KV bytes a loaded token brings: the full pool's, plus the SWA pool's (an upper bound:
+    a load brings SWA pages for the window only)."""
+    total = 0
+    for name in (PoolName.KV, PoolName.SWA):
+        pool = cache.pool(name)
+        if pool is not None:
+            total += int(pool.layout.token_bytes)
+    return max(total, 1)
