@@ -15,6 +15,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
 import pytest
 
 from .conftest import tokenizer_of
