@@ -327,16 +327,21 @@ class PageCodec:
         valid tag, or a sealed page and no secret), ``length``, ``checksum``, ``truncated``.
         The length field is checked against ``page_bytes`` before the payload is touched.
         """
+        return self.verify(blob, key)[0]
+
+    def verify(self, blob: Any, key: str) -> tuple[memoryview | None, str | None]:
+        """``decode`` with the miss reason: ``(payload, None)``, or ``(None, reason)`` with a
+        ``MISS_REASONS`` entry (counted) or ``"missing"`` for a None ``blob`` (not counted)."""
         if blob is None:
-            return None
+            return None, "missing"
         view = memoryview(blob)
         reason, length = self._check(view, key)
         if reason is not None:
             with self._lock:
                 self._misses[reason] += 1
-            return None
+            return None, reason
         self._num_decoded += 1  # NOTE: no lock on the hot path; exact on GIL builds
-        return view[HEADER_BYTES : HEADER_BYTES + length].toreadonly()
+        return view[HEADER_BYTES : HEADER_BYTES + length].toreadonly(), None
 
     def _check(self, view: memoryview, key: str) -> tuple[str | None, int]:
         if view.nbytes < HEADER_BYTES:

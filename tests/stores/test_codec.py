@@ -173,3 +173,21 @@ def test_any_single_byte_flip_is_detected(data: bytes, flip: int, sealed: bool) 
     where = flip % len(blob)
     damaged = blob[:where] + bytes([blob[where] ^ 0x5A]) + blob[where + 1 :]
     assert codec.decode(damaged, KEY) is None
+
+
+@pytest.mark.parametrize(
+    ("reason", "make_blob"),
+    [
+        ("missing", lambda: None),
+        ("key", lambda: PageCodec("fp", PAGE).encode(b"p" * PAGE, OTHER_KEY)),
+        ("checksum", lambda: _good()[:-1] + b"q"),
+        ("truncated", lambda: _good()[:-1]),
+        (None, _good),
+    ],
+)
+def test_verify_names_the_reason_of_a_miss(reason: str | None, make_blob: object) -> None:
+    """``verify`` is ``decode`` plus the reason (a missing page is ``missing``, not counted)."""
+    codec = PageCodec("fp", PAGE)
+    view, why = codec.verify(make_blob(), KEY)  # type: ignore[operator]
+    assert why == reason and (view is None) == (reason is not None)
+    assert codec.stats()["misses"] == (0 if reason in (None, "missing") else 1)

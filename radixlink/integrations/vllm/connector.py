@@ -27,11 +27,16 @@ from radixlink.integrations.vllm.settings import (
     check_hash_settings,
     tp_rank_and_size,
 )
+from radixlink.integrations.vllm.stats import RadixlinkPromMetrics, RadixlinkStats, stats_or_none
 from radixlink.integrations.vllm.worker_side import WorkerSide
 from radixlink.stores.registry import open_store
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+        KVConnectorPromMetrics,
+        KVConnectorStats,
+    )
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.block_pool import BlockPool
@@ -117,6 +122,16 @@ class RadixlinkConnector(KVConnectorBase_V1, SupportsHMA):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self.worker.register(kv_caches, self._num_blocks)
 
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        return True  # NOTE: vLLM 0.33+: views dropped on unregister, rebound on restore
+
+    def unregister_kv_caches(self) -> None:
+        self.worker.unregister()
+
+    def restore_kv_caches(self) -> None:
+        self.worker.restore()
+
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, RadixlinkMetadata), type(meta).__name__
@@ -150,6 +165,24 @@ class RadixlinkConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.worker.take_load_errors()
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        """This interval's counters (worker: loads, saves, heals; scheduler: lookups), or
+        None when nothing was counted; vLLM sums them over ranks and logs them."""
+        if self._worker is not None:
+            return stats_or_none(self._worker.take_stats())
+        return stats_or_none(self.scheduler_side.take_stats())
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats:
+        return RadixlinkStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: VllmConfig, metric_types: dict[type, type],
+                           labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]
+                           ) -> KVConnectorPromMetrics:  # fmt: skip
+        return RadixlinkPromMetrics(vllm_config, metric_types, labelnames,
+                                    per_engine_labelvalues)
 
     def shutdown(self) -> None:
         if self._worker is not None:

@@ -31,12 +31,15 @@ class PageJob:
         cache_salt: the request's salt (token-chain keys only; vLLM hashes already hold it).
         finishing: saves only: the request has finished and vLLM holds its blocks until this
             save's pages are copied out (reported through ``get_finished``).
+        overwrite: saves only: write every page even where the store says it holds it (the
+            request's load failed, so stored pages past the failure may be bad too).
     """
 
     req_id: str
     groups: tuple[GroupPages, ...]
     cache_salt: str = ""
     finishing: bool = False
+    overwrite: bool = False
 
     @property
     def num_pages(self) -> int:

@@ -101,33 +101,62 @@ class PagedGroup:
         host.copy_(pages)  # NOTE: blocking, as .cpu(): the blocks are read before this returns
         return host
 
-    def scatter(self, block_ids: Sequence[int], pages: torch.Tensor) -> None:
-        """Write ``pages`` (uint8 ``[len(block_ids), page_bytes]``, any device) into the blocks.
+    def scatter(self, block_ids: Sequence[int], pages: torch.Tensor,
+                rows: Sequence[int] | None = None) -> None:  # fmt: skip
+        """Write pages into the blocks: ``block_ids[i]`` takes row ``rows[i]`` of ``pages``
+        (row ``i`` without ``rows``), so pages fetched once can land in several requests'
+        blocks without a copy first.
+
+        Args:
+            block_ids: the destination blocks.
+            pages: uint8 ``[num_rows, page_bytes]``, any device; rows may be strided (e.g.
+                payload views of a staging buffer of encoded frames), each row contiguous.
+            rows: per block id its row of ``pages``.
 
         Raises:
-            ValueError: ``pages`` does not hold one page per block id.
+            ValueError: ``pages`` is not uint8 rows of ``page_bytes``, or a row is missing.
         """
         n = len(block_ids)
-        if tuple(pages.shape) != (n, self.page_bytes) or pages.dtype != torch.uint8:
+        rows = list(range(n)) if rows is None else list(rows)
+        if (pages.dtype != torch.uint8 or pages.dim() != 2 or pages.shape[1] != self.page_bytes
+                or pages.stride(1) != 1 or len(rows) != n
+                or any(not 0 <= r < pages.shape[0] for r in rows)):
             raise ValueError(
-                f"scatter needs uint8 pages of shape ({n}, {self.page_bytes}), got "
-                f"{tuple(pages.shape)} {pages.dtype}"
+                f"scatter needs uint8 pages [rows, {self.page_bytes}] (contiguous rows) and one "
+                f"row per block: got {tuple(pages.shape)} {pages.dtype}, {n} blocks, rows "
+                f"{rows[:8]}"
             )
-        src = pages.to(self.device).contiguous().view(n, self.num_layers, self.layer_page_bytes)
+        src = _on_device(pages, self.device).view(-1, self.num_layers, self.layer_page_bytes)
         idx = torch.as_tensor(block_ids, dtype=torch.int64).to(self.device)
-        cpu_rows = list(block_ids) if self.device.type == "cpu" else None
+        on_cpu = self.device.type == "cpu"
+        picked = None if on_cpu else torch.as_tensor(rows, dtype=torch.int64).to(self.device)
         for layer, (view, flat) in enumerate(zip(self._views, self._flat)):
-            if flat is None:
-                rows = src[:, layer].contiguous().view(self.dtype)
-                view.index_copy_(0, idx, rows.view(n, *self._inner_shape))
-            elif cpu_rows is not None:
+            layer_src = src[:, layer]
+            if flat is not None and on_cpu:
                 # NOTE: CPU index_copy_ moves bytes one element at a time (~0.7 GB/s measured);
-                # one row copy per block is a memcpy each (~4x faster on 64 KiB rows).
-                layer_src = src[:, layer]
-                for j, block_id in enumerate(cpu_rows):
-                    flat[block_id].copy_(layer_src[j])
+                # one row copy per block is a memcpy each (~4x faster on 64 KiB rows), and it
+                # reads the staging row in place.
+                for block_id, row in zip(block_ids, rows):
+                    flat[block_id].copy_(layer_src[row])
+                continue
+            chosen = layer_src[rows] if picked is None else layer_src.index_select(0, picked)
+            if flat is None:
+                values = chosen.contiguous().view(self.dtype)
+                view.index_copy_(0, idx, values.view(n, *self._inner_shape))
             else:
-                flat.index_copy_(0, idx, src[:, layer])
+                flat.index_copy_(0, idx, chosen)
+
+
+def _on_device(pages: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``pages`` on ``device``. Strided host rows go over as their whole dense span (one copy,
+    the bytes between rows included) rather than through a contiguous host copy first."""
+    if pages.device == device or pages.is_contiguous():
+        return pages.to(device)
+    num_rows, stride = pages.shape[0], pages.stride(0)
+    if pages.storage_offset() + num_rows * stride > pages.untyped_storage().nbytes():
+        return pages.to(device)  # NOTE: no room for the last row's span: a host copy first
+    span = pages.as_strided((num_rows, stride), (stride, 1))
+    return span.to(device)[:, : pages.shape[1]]  # NOTE: blocking: the staging is reused next
 
 
 def _dim_name(ndim: int, dim: int) -> str:

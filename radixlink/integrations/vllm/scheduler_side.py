@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from radixlink.contract import PoolHitPolicy
@@ -19,6 +20,16 @@ from radixlink.linker.restorable import PoolPresence, largest_common, restorable
 from radixlink.stores.base import Store
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Loading:
+    """A load in flight: where it starts, its pages, and its block ids."""
+
+    local: int  # pages vLLM had on device before it
+    num_pages: int  # pages it loads (counted external by vLLM)
+    first_group: tuple[int, ...]  # the first group's block ids, in page order
+    block_ids: frozenset[int]  # every group's
 
 
 class SchedulerSide:
@@ -53,13 +64,15 @@ class SchedulerSide:
         self._lookups: dict[str, tuple[int, int]] = {}  # req -> (local pages, hit pages)
         self._saved: dict[str, int] = {}  # req -> leading pages stored (or skipped)
         self._hashes: dict[str, list[str]] = {}  # req -> page hashes known so far
-        self._loading: dict[str, tuple[int, frozenset[int]]] = {}  # req -> (local, block ids)
+        self._loading: dict[str, _Loading] = {}
         self._load_failed: set[str] = set()  # requests whose load failed: no store hit again
         self._loads: list[PageJob] = []
         self._finishing: list[PageJob] = []
         self.num_lookups = 0
         self.num_hit_pages = 0
         self.num_store_errors = 0
+        self.num_unloaded_tokens = 0  # counted external by vLLM, then recomputed
+        self._reported = (0, 0, 0, 0)
 
     def set_null_block_id(self, block_id: int) -> None:
         """The id of vLLM's null block (SWA blocks outside the window point at it)."""
@@ -116,8 +129,10 @@ class SchedulerSide:
         hashes = self._page_hashes(request, local + num_pages)[local:]
         job = self._job(request, blocks.get_block_ids(), local, hashes, finishing=False)
         self._loads.append(job)
-        loaded_ids = frozenset(b for g in job.groups for b in g.block_ids)
-        self._loading[req_id] = (local, loaded_ids)
+        self._loading[req_id] = _Loading(
+            local=local, num_pages=len(hashes), first_group=job.groups[0].block_ids,
+            block_ids=frozenset(b for g in job.groups for b in g.block_ids),
+        )  # fmt: skip
         self._saved[req_id] = max(self._saved[req_id], local + len(hashes))
 
     def build_meta(self, scheduler_output: Any) -> RadixlinkMetadata:
@@ -160,14 +175,34 @@ class SchedulerSide:
         """Loads that ended. A failed one's pages will be recomputed, so they are saved again,
         and the request is not offered a store hit again: vLLM looks a request up afresh when a
         failure sent it back to 0 computed tokens, and the same pages would fail the same way
-        (a store that answers ``exists`` but fails ``get`` would loop forever)."""
+        (a store that answers ``exists`` but fails ``get`` would loop forever).
+
+        vLLM counted the whole planned load as external tokens at admission; the tokens it
+        now recomputes are taken off the request's prefill stats (``prompt_tokens_by_source``)
+        and counted in ``num_unloaded_tokens``."""
         for req_id in finished:
             entry = self._loading.pop(req_id, None)
-            if entry is None or not (req_id in failed or entry[1] & bad_blocks):
+            if entry is None or not (req_id in failed or entry.block_ids & bad_blocks):
                 continue
-            if req_id in self._requests:
-                self._load_failed.add(req_id)
-                self._saved[req_id] = entry[0]
+            request = self._requests.get(req_id)
+            if request is None:
+                continue
+            self._load_failed.add(req_id)
+            self._saved[req_id] = entry.local
+            kept = 0 if req_id in failed else next(
+                (i for i, b in enumerate(entry.first_group) if b in bad_blocks), 0)
+            unloaded = (entry.num_pages - kept) * self._block_size
+            self.num_unloaded_tokens += unloaded
+            _uncount_external_tokens(request, unloaded)
+
+    def take_stats(self) -> dict[str, int]:
+        """Lookup counters since the last call (the nonzero ones), for vLLM's stats."""
+        now = (self.num_lookups, self.num_hit_pages, self.num_store_errors,
+               self.num_unloaded_tokens)  # fmt: skip
+        names = ("lookups", "hit_pages", "lookup_errors", "unloaded_tokens")
+        delta = {n: a - b for n, a, b in zip(names, now, self._reported) if a != b}
+        self._reported = now
+        return delta
 
     def page_keys(self, request: Any, num_pages: int, rank: int = 0) -> list[str]:
         """The store keys of the request's first ``num_pages`` pages on ``rank``, group after
@@ -187,11 +222,13 @@ class SchedulerSide:
         self._saved[req_id] = start + len(hashes)
         if not hashes:
             return None
-        job = self._job(request, block_ids, start, hashes, finishing=finishing)
+        job = self._job(request, block_ids, start, hashes, finishing=finishing,
+                        overwrite=req_id in self._load_failed)
         return job if job.num_pages else None
 
     def _job(self, request: Any, block_ids: Sequence[Sequence[int]], start: int,
-             hashes: list[str], *, finishing: bool) -> PageJob:  # fmt: skip
+             hashes: list[str], *, finishing: bool,
+             overwrite: bool = False) -> PageJob:  # fmt: skip
         groups = []
         null = self._null_block_id
         for g in self._layouts:
@@ -202,7 +239,8 @@ class SchedulerSide:
                 hashes=tuple(h for _, h in pairs),
             ))  # fmt: skip
         return PageJob(req_id=request.request_id, groups=tuple(groups),
-                       cache_salt=request.cache_salt or "", finishing=finishing)
+                       cache_salt=request.cache_salt or "", finishing=finishing,
+                       overwrite=overwrite)  # fmt: skip
 
     def _page_hashes(self, request: Any, num_pages: int) -> list[str]:
         """The request's first ``num_pages`` page hashes (fewer if not hashed yet).
@@ -232,3 +270,17 @@ class SchedulerSide:
                 present=flags, window_pages=g.window_pages,
             ))  # fmt: skip
         return out
+
+
+def _uncount_external_tokens(request: Any, num_tokens: int) -> None:
+    """Take ``num_tokens`` off the external-token count vLLM recorded for ``request`` at
+    admission (``Request.prefill_stats``, vLLM 0.32+; nothing to do where vLLM lacks it or
+    already reported it): those tokens are recomputed, not loaded."""
+    stats = getattr(request, "prefill_stats", None)
+    if stats is None or not num_tokens or not hasattr(stats, "set"):
+        return
+    stats.set(
+        num_prompt_tokens=stats.num_prompt_tokens,
+        num_local_cached_tokens=stats.num_local_cached_tokens,
+        num_external_cached_tokens=max(0, stats.num_external_cached_tokens - num_tokens),
+    )  # fmt: skip

@@ -13,12 +13,12 @@ import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from radixlink.integrations.vllm.keys import GroupLayout, KeyScheme
+from radixlink.integrations.vllm.loads import FetchedBatch, RequestLoad, fetch_batch
 from radixlink.integrations.vllm.metadata import GroupPages, PageJob
 from radixlink.integrations.vllm.pages import PagedGroup
 from radixlink.memory.host import StagingArena
@@ -27,19 +27,22 @@ from radixlink.stores.codec import PageCodec
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(slots=True)
-class _LoadDone:
-    """A finished load: verified leading pages per group, and the block ids that failed."""
-
-    req_id: str
-    pages: list[tuple[int, tuple[int, ...], torch.Tensor]] = field(default_factory=list)
-    bad_blocks: set[int] = field(default_factory=set)
-    failed: bool = False
+STAT_NAMES = (
+    "loaded_pages", "fetched_pages", "bad_pages", "healed_pages", "saved_pages",
+    "skipped_pages", "dropped_saves", "failed_loads", "failed_saves",
+)  # fmt: skip
+_MAX_BAD_KEYS = 1 << 16  # keys remembered as bad until saved again, then the set resets
 
 
 class WorkerSide:
     """Loads and saves of one worker (one TP rank).
+
+    A step's loads are one batch: each distinct page key is read from the store once, however
+    many requests of the step share it, and scattered into each request's own blocks (vLLM
+    does not share device blocks between requests still loading). Every bad page of a batch
+    (missing, corrupt, foreign key, truncated, wrong layout, unsealed) is counted with its
+    reason; the present ones are deleted from the store and overwritten by the next save of
+    their recomputed pages (the heal), so a damaged store is mended in one pass.
 
     Args:
         layouts: the groups taking part (same list as the scheduler side).
@@ -65,15 +68,19 @@ class WorkerSide:
         self._groups: dict[int, PagedGroup] = {}
         self._codecs: dict[int, PageCodec] = {}
         self._pool = ThreadPoolExecutor(num_threads, thread_name_prefix="radixlink-vllm")
-        self._done: queue.Queue[_LoadDone] = queue.Queue()
+        self._done: queue.Queue[FetchedBatch] = queue.Queue()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._pending = 0
         self._inflight_bytes = 0
         self._finished_sending: set[str] = set()
         self._load_errors: set[int] = set()
-        self.stats = {"loaded_pages": 0, "saved_pages": 0, "skipped_pages": 0,
-                      "dropped_saves": 0, "failed_loads": 0, "failed_saves": 0}  # fmt: skip
+        self._bad_keys: set[str] = set()  # found bad here: the next save never skips them
+        self._kv_caches: Mapping[str, torch.Tensor] = {}
+        self._num_blocks = 0
+        self._arena = StagingArena(max_cached_bytes=min(max_inflight_save_bytes, 256 << 20))
+        self.stats = dict.fromkeys(STAT_NAMES, 0)
+        self._reported = dict.fromkeys(STAT_NAMES, 0)
 
     def register(self, kv_caches: Mapping[str, torch.Tensor], num_blocks: int) -> None:
         """Bind every group to its layers' tensors and build its codec.
@@ -81,6 +88,7 @@ class WorkerSide:
         Raises:
             ValueError: a layer of a taking-part group is missing from ``kv_caches``.
         """
+        groups = {}
         for gid, layout in self._layouts.items():
             missing = [n for n in layout.layer_names if n not in kv_caches]
             if missing:
@@ -88,21 +96,55 @@ class WorkerSide:
                     f"RadixlinkConnector: register_kv_caches lacks layers {missing[:4]} of KV "
                     f"cache group {gid}; got {sorted(kv_caches)[:8]}"
                 )
-            tensors = [_by_block(kv_caches[n], num_blocks) for n in layout.layer_names]
-            group = PagedGroup(tensors)
-            self._groups[gid] = group
-            fingerprint = (f"{self._scheme.model}|{layout.description}|rank{self._rank}|"
-                           f"{group.order}|{group.page_bytes}")  # fmt: skip
+            groups[gid] = PagedGroup([_by_block(kv_caches[n], num_blocks)
+                                      for n in layout.layer_names])  # fmt: skip
+        self._groups = groups
+        self._kv_caches, self._num_blocks = kv_caches, num_blocks
+        for gid, group in groups.items():
+            fingerprint = (f"{self._scheme.model}|{self._layouts[gid].description}|"
+                           f"rank{self._rank}|{group.order}|{group.page_bytes}")  # fmt: skip
             self._codecs[gid] = PageCodec(fingerprint, group.page_bytes,
                                           secret=self._store.page_secret)
-        on_cuda = any(g.device.type == "cuda" for g in self._groups.values())
-        self._arena = StagingArena(pinned=on_cuda,
-                                   max_cached_bytes=min(self._max_inflight, 256 << 20))
+        if any(g.device.type == "cuda" for g in groups.values()) and not self._arena.pinned:
+            self._arena = StagingArena(pinned=True, max_cached_bytes=self._arena.max_cached_bytes)
+
+    @property
+    def registered(self) -> bool:
+        """Whether the worker holds views of KV tensors (False between sleep and wake-up)."""
+        return bool(self._groups)
+
+    def unregister(self) -> None:
+        """Sleep: drop the views of the KV tensors (vLLM unmaps their memory). Waits for every
+        queued load and save, fails the loads not scattered yet (reported by the next
+        ``transfer_results``; their requests recompute). Idempotent."""
+        self.flush()
+        drained = []
+        while True:
+            try:
+                batch = self._done.get_nowait()
+            except queue.Empty:
+                break
+            batch.release(self._arena)
+            for load in batch.requests:
+                load.error = load.error or "KV caches unregistered (sleep) before the scatter"
+                load.bad_blocks.update(b for _, block_ids, _ in load.pages for b in block_ids)
+                load.pages.clear()
+            drained.append(batch)
+        for batch in drained:  # NOTE: still reported (as failed) by the next transfer_results
+            self._done.put(batch)
+        self._groups = {}
+
+    def restore(self) -> None:
+        """Wake-up: bind the views again to the registered tensors (vLLM maps their memory back
+        at the same addresses). Idempotent."""
+        if not self._groups and self._kv_caches:
+            self.register(self._kv_caches, self._num_blocks)
 
     def start_loads(self, jobs: Sequence[PageJob]) -> None:
-        """Queue each load on the I/O threads (store get + verify; no device writes)."""
-        for job in jobs:
-            self._submit(self._load, job)
+        """Queue this step's loads as one batch on the I/O threads (store reads and verify;
+        no device writes)."""
+        if jobs:
+            self._submit(self._load, list(jobs))
 
     def save(self, jobs: Sequence[PageJob]) -> None:
         """Copy each job's pages out now (the blocks may be reused after this step) into
@@ -131,21 +173,14 @@ class WorkerSide:
         failed: set[str] = set()
         while True:
             try:
-                done = self._done.get_nowait()
+                batch = self._done.get_nowait()
             except queue.Empty:
                 break
-            recving.add(done.req_id)
-            bad = done.failed or bool(done.bad_blocks)
-            if bad:
-                with self._lock:
-                    self.stats["failed_loads"] += 1
-            if bad and not self._block_errors:
-                failed.add(done.req_id)
-                continue
-            for gid, block_ids, pages in done.pages:
-                self._groups[gid].scatter(block_ids, pages)
-                self.stats["loaded_pages"] += len(block_ids)
-            self._load_errors |= done.bad_blocks
+            for load in batch.requests:
+                recving.add(load.req_id)
+                if load.failed and not self._block_errors:
+                    failed.add(load.req_id)
+            self._finish_batch(batch)
         sending, self._finished_sending = self._finished_sending, set()
         return sending, recving, failed
 
@@ -153,6 +188,19 @@ class WorkerSide:
         """The save staging buffers: ``staging_allocs``, ``staging_reuses``,
         ``staging_cached_bytes``."""
         return self._arena.stats()
+
+    def store_stats(self) -> dict[str, Any]:
+        """This worker's store's own counters (``hits``, ``misses``, ``puts`` ...)."""
+        return self._store.stats()
+
+    def take_stats(self) -> dict[str, int]:
+        """``stats`` counted since the last call (only the nonzero ones): the per-interval
+        payload of vLLM's connector stats."""
+        with self._lock:
+            now = dict(self.stats)
+        delta = {name: now[name] - self._reported[name] for name in STAT_NAMES}
+        self._reported = now
+        return {name: value for name, value in delta.items() if value}
 
     def take_load_errors(self) -> set[int]:
         """Block ids whose load failed since the last call (one-group layouts only)."""
@@ -169,6 +217,29 @@ class WorkerSide:
         self._pool.shutdown(wait=True)
         self._store.close()
 
+    def _finish_batch(self, batch: FetchedBatch) -> None:
+        """Scatter each request's verified pages (skipped for a request vLLM recomputes
+        whole), log each failed load once, then give the staging back."""
+        try:
+            for load in batch.requests:
+                if load.failed:
+                    self._fail(load)
+                    if not self._block_errors:
+                        continue
+                for gid, block_ids, rows in load.pages:
+                    self._groups[gid].scatter(block_ids, batch.payloads[gid], rows)
+                    self.stats["loaded_pages"] += len(block_ids)
+                self._load_errors |= load.bad_blocks
+        finally:
+            batch.release(self._arena)
+
+    def _fail(self, load: RequestLoad) -> None:
+        with self._lock:
+            self.stats["failed_loads"] += 1
+        kept = sum(len(block_ids) for _, block_ids, _ in load.pages) if self._block_errors else 0
+        logger.warning("radixlink load of request %s failed: %s; %d verified leading pages "
+                       "kept, the rest is recomputed", load.req_id, load.describe(), kept)
+
     def _submit(self, fn: Callable[..., None], *args: Any) -> None:
         with self._lock:
             self._pending += 1
@@ -184,57 +255,62 @@ class WorkerSide:
                 self._pending -= 1
                 self._idle.notify_all()
 
-    def _load(self, job: PageJob) -> None:
-        done = _LoadDone(req_id=job.req_id)
+    def _load(self, jobs: list[PageJob]) -> None:
         try:
-            self._fetch(job, done)
-        except Exception as exc:  # noqa: BLE001 - store died, timeouts: the whole load fails
-            logger.warning("radixlink load of %s failed: %s", job.req_id, exc)
-            done.failed = True
-            done.pages.clear()
-            done.bad_blocks = {b for g in job.groups for b in g.block_ids}
-        self._done.put(done)
+            batch = fetch_batch(jobs, store=self._store, codecs=self._codecs,
+                                arena=self._arena, keys=self._keys)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - store died, timeouts: every load fails
+            error = f"{type(exc).__name__}: {exc}"
+            batch = FetchedBatch(requests=[
+                RequestLoad(req_id=job.req_id, num_pages=job.num_pages, error=error,
+                            bad_blocks={b for g in job.groups for b in g.block_ids})
+                for job in jobs
+            ])  # fmt: skip
+        else:
+            self._heal(batch.bad_keys)
+        with self._lock:
+            self.stats["fetched_pages"] += batch.num_fetched
+            self.stats["bad_pages"] += len(batch.bad_keys)
+        self._done.put(batch)
 
-    def _fetch(self, job: PageJob, done: _LoadDone) -> None:
-        """One batched get; each group keeps its verified leading pages, the rest is bad."""
-        keys = {g.group_id: self._keys(job, g.group_id, g.hashes) for g in job.groups}
-        flat = [k for g in job.groups for k in keys[g.group_id]]
-        blobs = self._store.get(flat)
-        pos, corrupt = 0, []
-        for g in job.groups:
-            codec, group = self._codecs[g.group_id], self._groups[g.group_id]
-            good: list[memoryview] = []
-            for key, blob in zip(keys[g.group_id], blobs[pos : pos + len(g.block_ids)]):
-                view = codec.decode(blob, key)
-                if view is None or view.nbytes != group.page_bytes:
-                    corrupt += [key] if blob is not None else []
-                    break
-                good.append(view)
-            pos += len(g.block_ids)
-            n = len(good)
-            done.bad_blocks.update(g.block_ids[n:])
-            if n:
-                pages = torch.frombuffer(bytearray(b"".join(good)), dtype=torch.uint8)
-                done.pages.append((g.group_id, g.block_ids[:n], pages.view(n, -1)))
-        if corrupt:  # NOTE: heal: a recomputed page is saved again only if its key is gone
-            self._store.delete(corrupt)
+    def _heal(self, bad_keys: list[str]) -> None:
+        """Delete the bad pages now, and remember them so their recomputed pages are saved
+        even if ``exists`` still (or again) says they are there."""
+        if not bad_keys:
+            return
+        with self._lock:
+            if len(self._bad_keys) + len(bad_keys) > _MAX_BAD_KEYS:
+                self._bad_keys.clear()  # NOTE: bounded memory; a forgotten key heals later
+            self._bad_keys.update(bad_keys)
+        try:
+            self._store.delete(bad_keys)
+        except Exception as exc:  # noqa: BLE001 - the save still overwrites them
+            logger.warning("radixlink could not delete %d bad pages: %s", len(bad_keys), exc)
 
     def _put(self, job: PageJob, pages: list[tuple[GroupPages, torch.Tensor]],
              num_bytes: int, staging: list[tuple[torch.Tensor, memoryview]]) -> None:
-        counts = {"saved_pages": 0, "skipped_pages": 0, "failed_saves": 0}
+        counts = {"saved_pages": 0, "skipped_pages": 0, "failed_saves": 0, "healed_pages": 0}
         try:
             items: dict[str, bytes] = {}
+            with self._lock:
+                bad_keys = set(self._bad_keys)
             for g, data in pages:
                 keys = self._keys(job, g.group_id, g.hashes)
                 # NOTE: one presence batch first: pages another instance (or an earlier
-                # request) stored are not encoded or sent again.
-                exists = self._store.exists(keys)
+                # request) stored are not encoded or sent again, unless found bad here or
+                # the request's load failed (pages past the failure were never verified).
+                exists = [False] * len(keys) if job.overwrite else self._store.exists(keys)
                 codec = self._codecs[g.group_id]
                 for i, (key, there) in enumerate(zip(keys, exists)):
-                    if not there:
+                    if not there or key in bad_keys:
                         items[key] = codec.encode(data[i], key)
-                counts["skipped_pages"] += sum(exists)
+                    else:
+                        counts["skipped_pages"] += 1
             results = self._store.put(items) if items else []
+            healed = [k for k, ok in zip(items, results) if ok and k in bad_keys]
+            with self._lock:
+                self._bad_keys.difference_update(healed)
+            counts["healed_pages"] += len(healed)
             counts["saved_pages"] += sum(results)
             counts["failed_saves"] += len(results) - sum(results)
         except Exception as exc:  # noqa: BLE001 - a failed save is a later miss

@@ -136,17 +136,21 @@ class Node:
     checked_tokens: int = 0
     preemptions: int = 0
     steps: int = 0
+    connector_stats: dict[str, int] = field(default_factory=dict)  # what vLLM's loggers got
+    external_tokens: dict[str, int] = field(default_factory=dict)  # req -> prefill stats
 
     def __post_init__(self) -> None:
         extra = {"store": self.store_url, **self.extra}
         configs = [vllm_config(self.model_dir, extra, hybrid=self.hybrid, tp_size=self.tp_size,
                                rank=r, max_batched=self.max_batched, hash_algo=self.hash_algo)
                    for r in range(self.tp_size)]  # fmt: skip
+        self.config = configs[0]
         self.kv_config = kv_cache_config(self.num_blocks, self.hybrid)
         configs[0].cache_config.num_gpu_blocks = self.num_blocks
         self.scheduler = Scheduler(
             vllm_config=configs[0], kv_cache_config=self.kv_config,
             structured_output_manager=StructuredOutputManager(configs[0]), block_size=BLOCK,
+            log_stats=True,
         )  # fmt: skip
         self.workers: list[RadixlinkConnector] = []
         self.kv: list[dict[str, torch.Tensor]] = []
@@ -198,11 +202,13 @@ class Node:
                 finished_recving=results.finished_recving or None,
                 failed_recving=results.failed_recving,
                 invalid_block_ids=worker.get_block_ids_with_load_errors(),
+                kv_connector_stats=worker.get_kv_connector_stats(),
             )  # fmt: skip
             worker.clear_connector_metadata()
             outputs.append(self._runner_output(runs, kv_out))
         merged = self.aggregator.aggregate(outputs)
-        self.scheduler.update_from_output(out, merged)
+        for eco in self.scheduler.update_from_output(out, merged).values():
+            self._record(eco)
         return out
 
     def run(self, max_steps: int = 200) -> None:
@@ -229,6 +235,17 @@ class Node:
         pool = self.scheduler.kv_cache_manager.block_pool
         assert pool.get_num_free_blocks() == self.num_blocks - 1  # the null block is never free
         assert not self.scheduler.requests
+
+    def _record(self, eco: Any) -> None:
+        """Sum the connector stats vLLM hands its stat loggers; keep each request's prefill
+        stats (its external-token count, as ``prompt_tokens_by_source`` reports it)."""
+        stats = eco.scheduler_stats
+        for name, value in ((stats and stats.kv_connector_stats) or {}).items():
+            self.connector_stats[name] = self.connector_stats.get(name, 0) + value
+        for output in eco.outputs:
+            if output.prefill_stats is not None:
+                self.external_tokens[output.request_id] = (
+                    output.prefill_stats.num_external_cached_tokens)
 
     def _scheduled(self, out: Any) -> list[tuple[str, int, int]]:
         runs = [(r.req_id, r.num_computed_tokens, out.num_scheduled_tokens[r.req_id])

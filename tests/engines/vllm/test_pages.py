@@ -37,3 +37,18 @@ def test_a_wrong_staging_buffer_is_a_value_error(bad: str) -> None:
     out = torch.empty(n - 1, dtype=torch.uint8) if bad == "short" else torch.empty(n // 4)
     with pytest.raises(ValueError, match="host uint8 tensor of"):
         group.gather([1, 2], out)
+
+
+def test_scatter_lands_strided_rows_in_many_blocks() -> None:
+    """Pages fetched once (rows of a staging buffer of encoded frames: a header before each
+    payload) land in several blocks each, straight from those rows."""
+    group = _group()
+    src = group.gather([4, 9])
+    frame = group.page_bytes + 56
+    staging = torch.zeros(2 * frame, dtype=torch.uint8)
+    rows = staging.as_strided((2, group.page_bytes), (frame, 1), 56)
+    rows.copy_(src)
+    group.scatter([0, 1, 2], rows, [1, 0, 1])
+    assert torch.equal(group.gather([0, 1, 2]), src[[1, 0, 1]])
+    with pytest.raises(ValueError, match="one row per block"):
+        group.scatter([0, 1], rows, [0, 2])  # row 2 does not exist
