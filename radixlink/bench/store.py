@@ -197,12 +197,16 @@ def _codec_cases(pages: list[memoryview], keys: list[str], page_bytes: int,
         what[name] = f"v3 sealed: {mac} tag over header and payload (per-namespace key), " \
                      "no checksum"
     for name, codec in codecs.items():
-        blobs = [codec.encode(page, k) for page, k in zip(pages, keys, strict=True)]
-        assert all(codec.decode(b, k) is not None for b, k in zip(blobs, keys, strict=True))
-        cases[f"{name} encode"] = lambda c=codec: [c.encode(p, k) for p, k in zip(pages, keys)]
-        cases[f"{name} decode"] = lambda c=codec, b=blobs: [  # type: ignore[misc]
-            c.decode(blob, k) for blob, k in zip(b, keys)]
+        cases[f"{name} encode"], cases[f"{name} decode"] = _encode_decode(codec, pages, keys)
     return cases, what
+
+
+def _encode_decode(codec: PageCodec, pages: list[memoryview], keys: list[str]) -> tuple[Op, Op]:
+    """Encode of every page, and decode of every page encoded (checked once here)."""
+    blobs = [codec.encode(page, k) for page, k in zip(pages, keys, strict=True)]
+    assert all(codec.decode(b, k) is not None for b, k in zip(blobs, keys, strict=True))
+    return (lambda: [codec.encode(p, k) for p, k in zip(pages, keys)],
+            lambda: [codec.decode(b, k) for b, k in zip(blobs, keys)])
 
 
 def _bench_page_size(
