@@ -6,6 +6,7 @@ from __future__ import annotations
 import hmac
 import struct
 from collections.abc import Callable
+from pathlib import Path
 
 import blake3
 import pytest
@@ -65,7 +66,9 @@ def test_hmac_sha256_only_when_named() -> None:
     assert PageCodec("fp", PAGE, secret=SECRET, mac="hmac-sha256").encode(PAYLOAD, KEY_A) == blob
 
 
-def test_unknown_or_contradictory_macs_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unknown_or_contradictory_macs_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An unknown MAC name is a ValueError listing the allowed ones, at codec construction and
     at store open; ``mac=`` without ``auth=`` and a mac contradicting the secret's too."""
     with pytest.raises(ValueError, match="'sha1'.*allowed: blake3, hmac-sha256"):
@@ -77,7 +80,7 @@ def test_unknown_or_contradictory_macs_are_refused(monkeypatch: pytest.MonkeyPat
         open_store("memory://?auth=env:RX_SEAL_TEST&mac=md5")
     with pytest.raises(ValueError, match="no auth="):
         open_store("memory://?mac=hmac-sha256")
-    store = open_store("file:///tmp/rx-seal-test?auth=env:RX_SEAL_TEST&mac=hmac-sha256")
+    store = open_store(f"file://{tmp_path}/store?auth=env:RX_SEAL_TEST&mac=hmac-sha256")
     assert store.page_secret == SECRET and store.page_secret.mac == "hmac-sha256"  # type: ignore[union-attr]
     assert SECRET.decode() not in repr(store.page_secret)
     assert open_store("memory://?auth=env:RX_SEAL_TEST").page_secret.mac == "blake3"  # type: ignore[union-attr]
