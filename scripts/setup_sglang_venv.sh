@@ -35,7 +35,7 @@ pip_install "torch==2.13.0"
   || { echo "torch in $VENV is not the CPU build" >&2; exit 1; }
 
 # radixlink's runtime and test deps.
-pip_install numpy xxhash redis hiredis pytest hypothesis
+pip_install numpy xxhash blake3 redis hiredis pytest hypothesis
 # SGLang itself, none of its declared deps.
 pip_install --no-deps "sglang==0.5.23"
 # What SGLang's mem_cache import chain needs on CPU. Versions follow sglang 0.5.23's own pins

@@ -22,8 +22,8 @@ LIGHT_DEPS=(
   'transformers>=5.16.1,<5.21.0' 'openai>=2.25.0' openai_harmony partial_json_parser fastapi
   llguidance 'xgrammar==0.2.8' uvloop
 )
-# radixlink's runtime and test deps (pyproject: torch numpy xxhash; redis extra; pytest).
-RADIXLINK_DEPS=(numpy xxhash 'redis>=5' hiredis pytest hypothesis)
+# radixlink's runtime and test deps (pyproject: torch numpy xxhash blake3; redis extra; pytest).
+RADIXLINK_DEPS=(numpy xxhash blake3 'redis>=5' hiredis pytest hypothesis)
 RECIPE="vllm==$VLLM_VERSION $TORCH_PIN ${LIGHT_DEPS[*]} ${RADIXLINK_DEPS[*]}"
 
 # NOTE: find_spec, not import: importing vllm takes ~10 s, finding it ~0.1 s.

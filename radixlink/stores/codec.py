@@ -1,14 +1,13 @@
-"""The page payload format of DESIGN.md section 6: a fixed header naming the page's layout and
-store key, the page bytes, and (sealed pages) an HMAC-SHA256 tag.
+"""The page payload format of DESIGN.md section 6: a fixed header naming the page's layout,
+store key and (sealed pages) MAC algorithm, the page bytes, and (sealed pages) a tag.
 
-Owns encoding, verification, page sealing and the miss counters. Knows nothing of stores or the
-tree; of keys it reads only the namespace field (the second ``/``-separated part).
+Owns encoding, verification and the miss counters; ``seal.py`` owns the MAC keys and tags.
+Knows nothing of stores or the tree.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import struct
 import threading
 import zlib
@@ -25,28 +24,38 @@ try:  # NOTE: xxh3 runs at memcpy speed; crc32 is ~10x slower and would dominate
 except ImportError:  # pragma: no cover - depends on the environment
     _xxh3 = None
 
-FORMAT_VERSION = 2
+from radixlink.stores.seal import (  # noqa: F401  (MIN_SECRET_BYTES, TAG_BYTES: re-exported)
+    DEFAULT_MAC,
+    MAC_IDS,
+    MAC_NONE,
+    MIN_SECRET_BYTES,
+    TAG_BYTES,
+    PageSecret,
+    Sealer,
+    check_mac,
+)
+
+# NOTE: 3: sealed pages name their MAC (byte 7) and carry no checksum; 2 was HMAC-only.
+FORMAT_VERSION = 3
 MAGIC = b"RXLP"
+CHECKSUM_NONE = 0  # sealed pages: the tag detects corruption too
 CHECKSUM_CRC32 = 1
 CHECKSUM_XXH3 = 2
-FLAG_SEALED = 0x01  # an HMAC-SHA256 tag follows the payload
-TAG_BYTES = 32
-MIN_SECRET_BYTES = 16
-_MAC_CONTEXT = b"radixlink page mac v2\x00"  # domain separation of the per-namespace MAC keys
-_MAX_MAC_KEYS = 4096  # per-namespace MAC keys cached per codec (tenants), then the cache resets
+FLAG_SEALED = 0x01  # a tag follows the payload; byte 7 names its MAC algorithm
+_KNOWN_MACS = frozenset(MAC_IDS.values())
 
-# magic, format version, checksum kind, flags, reserved, layout fingerprint digest, store key
-# digest, payload length, checksum; then the payload, then the tag when the page is sealed.
+# magic, format version, checksum kind, flags, MAC algorithm id, layout fingerprint digest,
+# store key digest, payload length, checksum; then the payload, then the tag when sealed.
 #
 #   0     4   5   6     7    8              24             40         48         56
-#   |magic|ver|ck |flags|rsvd| fingerprint  | key digest   | length   | checksum | payload | tag
-#   "RXLP" 2   1|2 0|1   0    blake2b-128    blake2b-128    u64        u64        <= page   32 B
-#                                                                                   bytes     sealed
+#   |magic|ver|ck |flags|mac | fingerprint  | key digest   | length   | checksum | payload | tag
+#   "RXLP" 3   0-2 0|1   0-2  blake2b-128    blake2b-128    u64        u64        <= page   32 B
+#              (0: sealed)  (1 blake3, 2 hmac-sha256)                (0: sealed) bytes     sealed
 _HEADER = struct.Struct("<4sBBBB16s16sQQ")
 HEADER_BYTES = _HEADER.size
 # NOTE: the same layout as a numpy record, to build a batch of headers in a few array ops.
 _HEADER_DTYPE = np.dtype([
-    ("magic", "S4"), ("version", "u1"), ("kind", "u1"), ("flags", "u1"), ("reserved", "u1"),
+    ("magic", "S4"), ("version", "u1"), ("kind", "u1"), ("flags", "u1"), ("mac", "u1"),
     ("fingerprint", "V16"), ("key", "V16"), ("length", "<u8"), ("checksum", "<u8"),
 ])
 assert _HEADER_DTYPE.itemsize == HEADER_BYTES, "the header record and struct disagree"
@@ -76,12 +85,6 @@ def key_digest(key: str) -> bytes:
     return h.digest()
 
 
-def _namespace_field(key: str) -> str:
-    """The namespace id of a ``v<N>/<namespace>/<hash>/<pool>`` key ("" for other keys)."""
-    parts = key.split("/", 2)
-    return parts[1] if len(parts) == 3 else ""
-
-
 def _as_bytes_view(data: Any) -> memoryview:
     """A flat byte view of ``data`` without copying (bytes-like or a CPU torch tensor)."""
     if type(data) is bytes:  # the common case, first
@@ -107,21 +110,29 @@ class PageCodec:
     Every page names the layout it was written under (fingerprint digest) and the full store
     key it was written under (key digest): a page copied under another key, or returned for
     another key by a store that mixed up a batch, is a miss. With ``secret`` every page is
-    sealed with HMAC-SHA256 (keyed per namespace) over the header and payload, so a writer
-    without the secret cannot produce a page this codec accepts.
+    sealed with a MAC (keyed BLAKE3 by default, keyed per namespace) over the header and
+    payload, so a writer without the secret cannot produce a page this codec accepts. The
+    header names the MAC algorithm and the tag covers the header, so a page of another
+    algorithm (a downgrade) is a miss. Sealed pages carry no checksum: the tag detects
+    corruption as well as forgery, and one pass over the payload is all a sealed page costs.
 
     Args:
         fingerprint: the KV layout fingerprint (dtype, layers, heads, head dim, page size,
             pool). Pages written under another fingerprint decode as misses.
         page_bytes: the layout's page size in bytes; larger payloads are rejected.
         checksum: ``"auto"`` (xxh3 when ``xxhash`` is installed, else crc32), ``"xxh3"`` or
-            ``"crc32"``. Decoding accepts either kind whatever this says.
+            ``"crc32"``. Decoding accepts either kind whatever this says. A sealing codec
+            writes none (its ``checksum`` reads ``"none"``): the tag covers the payload.
         secret: the page secret (at least 16 bytes), or None. A codec with a secret seals
-            what it encodes and accepts only pages with a valid tag; a codec without one
-            rejects sealed pages, since it cannot verify them (both are ``auth`` misses).
+            what it encodes and accepts only pages with a valid tag of its MAC algorithm; a
+            codec without one rejects sealed pages, since it cannot verify them (both are
+            ``auth`` misses). A ``PageSecret`` (a store's ``page_secret``) brings its MAC.
+        mac: the MAC algorithm of sealed pages, ``"blake3"`` (keyed BLAKE3, the default) or
+            ``"hmac-sha256"``; None takes the ``PageSecret``'s, else the default.
 
     Raises:
-        ValueError: a bad ``page_bytes``, checksum name or secret.
+        ValueError: a bad ``page_bytes``, checksum name, secret or MAC name, or a ``mac``
+            that contradicts the ``PageSecret``'s.
 
     Thread-safe: encode and decode hold no state besides counters (misses under a lock) and
     a cache of per-namespace MAC keys.
@@ -134,6 +145,7 @@ class PageCodec:
         checksum: str = "auto",
         *,
         secret: bytes | None = None,
+        mac: str | None = None,
     ):
         if not isinstance(page_bytes, int) or page_bytes <= 0:
             raise ValueError(f"page_bytes must be a positive int, got {page_bytes!r}")
@@ -144,29 +156,27 @@ class PageCodec:
             raise ValueError(f"checksum must be 'auto', 'xxh3' or 'crc32', got {checksum!r}")
         if checksum == "xxh3" and _xxh3 is None:
             raise ValueError("checksum='xxh3' needs the xxhash package: pip install xxhash")
-        if secret is not None and (
-            not isinstance(secret, bytes) or len(secret) < MIN_SECRET_BYTES
-        ):
-            # NOTE: the message names the length only, never the secret
-            size = len(secret) if isinstance(secret, bytes) else type(secret).__name__
-            raise ValueError(
-                f"the page secret must be bytes of at least {MIN_SECRET_BYTES} bytes, got "
-                f"{size}; generate one with: python -c 'import secrets; "
-                "print(secrets.token_hex(32))'"
-            )
+        own_mac = secret.mac if isinstance(secret, PageSecret) else None
+        if mac is not None and own_mac is not None and check_mac(mac) != own_mac:
+            raise ValueError(f"mac={mac!r} contradicts the page secret's mac={own_mac!r}; "
+                             "give one of them")
+        mac = check_mac(mac or own_mac or DEFAULT_MAC)
+        # NOTE: Sealer checks the secret; its message names the length only, never the secret
+        self._sealer = Sealer(secret, mac) if secret is not None else None
         self.fingerprint = fingerprint
         self.page_bytes = page_bytes
-        self.checksum = checksum
-        self._kind = kinds[checksum]
+        self.checksum = checksum if self._sealer is None else "none"
+        self.mac = mac if self._sealer is not None else None
+        self._kind = kinds[checksum] if self._sealer is None else CHECKSUM_NONE
         self._fp_digest = hashlib.blake2b(fingerprint.encode(), digest_size=16).digest()
-        self._secret = secret
-        self._flags = FLAG_SEALED if secret is not None else 0
-        self._tag_bytes = TAG_BYTES if secret is not None else 0
+        self._flags = FLAG_SEALED if self._sealer is not None else 0
+        self._mac_id = self._sealer.mac_id if self._sealer is not None else MAC_NONE
+        self._tag_bytes = TAG_BYTES if self._sealer is not None else 0
         # NOTE: the constant fields of every header, so encode_frames fills only two per page
         self._template = np.zeros(1, dtype=_HEADER_DTYPE)
-        self._template[["magic", "version", "kind", "flags", "fingerprint", "length"]] = (
-            MAGIC, FORMAT_VERSION, self._kind, self._flags, self._fp_digest, page_bytes)
-        self._mac_keys: dict[str, bytes] = {}
+        self._template[["magic", "version", "kind", "flags", "mac", "fingerprint", "length"]] = (
+            MAGIC, FORMAT_VERSION, self._kind, self._flags, self._mac_id, self._fp_digest,
+            page_bytes)
         self._lock = threading.Lock()
         self._misses: Counter[str] = Counter()
         self._num_encoded = 0
@@ -175,12 +185,12 @@ class PageCodec:
     @property
     def sealed(self) -> bool:
         """Whether this codec seals pages (it was given a secret)."""
-        return self._secret is not None
+        return self._sealer is not None
 
     def __repr__(self) -> str:
         return (
             f"PageCodec(fingerprint={self.fingerprint!r}, page_bytes={self.page_bytes}, "
-            f"checksum={self.checksum!r}, sealed={self.sealed})"
+            f"checksum={self.checksum!r}, sealed={self.sealed}, mac={self.mac!r})"
         )
 
     def encode(self, data: Any, key: str) -> bytes:
@@ -204,18 +214,17 @@ class PageCodec:
                 f"page payload is {view.nbytes} bytes but the layout's page is "
                 f"{self.page_bytes}; check the pool's page_bytes"
             )
-        digest = _checksum(self._kind, view)
+        sealer = self._sealer
+        digest = _checksum(self._kind, view) if sealer is None else 0
         assert digest is not None, f"checksum kind {self._kind} has no implementation"
         header = _HEADER.pack(
-            MAGIC, FORMAT_VERSION, self._kind, self._flags, 0, self._fp_digest,
+            MAGIC, FORMAT_VERSION, self._kind, self._flags, self._mac_id, self._fp_digest,
             key_digest(key), view.nbytes, digest,
         )  # fmt: skip
         self._num_encoded += 1  # NOTE: no lock on the hot path; exact on GIL builds
-        if self._secret is None:
+        if sealer is None:
             return b"".join((header, view))
-        mac = hmac.new(self._mac_key(key), header, "sha256")
-        mac.update(view)
-        return b"".join((header, view, mac.digest()))
+        return b"".join((header, view, sealer.tag(key, header, view)))
 
     @property
     def frame_bytes(self) -> int:
@@ -249,23 +258,24 @@ class PageCodec:
             )
         if frame.readonly:
             raise ValueError("encode_into needs a writable frame (a bytearray or tensor view)")
-        digest = _checksum(self._kind, frame[HEADER_BYTES:end])
+        sealer = self._sealer
+        digest = _checksum(self._kind, frame[HEADER_BYTES:end]) if sealer is None else 0
         assert digest is not None, f"checksum kind {self._kind} has no implementation"
         _HEADER.pack_into(
-            frame, 0, MAGIC, FORMAT_VERSION, self._kind, self._flags, 0, self._fp_digest,
-            key_digest(key), length, digest,
+            frame, 0, MAGIC, FORMAT_VERSION, self._kind, self._flags, self._mac_id,
+            self._fp_digest, key_digest(key), length, digest,
         )  # fmt: skip
         self._num_encoded += 1  # NOTE: no lock on the hot path; exact on GIL builds
-        if self._secret is None:
+        if sealer is None:
             return frame[:end]
-        frame[end : end + TAG_BYTES] = hmac.digest(self._mac_key(key), frame[:end], "sha256")
+        frame[end : end + TAG_BYTES] = sealer.tag(key, frame[:end])
         return frame[: end + TAG_BYTES]
 
     def encode_frames(self, block: memoryview, stride: int, keys: list[str]) -> list[memoryview]:
         """``encode_into`` for many whole pages laid out at a fixed stride: frame ``i`` starts
         at ``block[i * stride]`` with its ``page_bytes`` payload in place. The offload hot
-        path: per page only the key digest and checksum calls run in Python; the headers are
-        built and written for the whole batch at once.
+        path: per page only the key digest and checksum (sealed: tag) calls run in Python;
+        the headers are built and written for the whole batch at once.
 
         ::
 
@@ -284,8 +294,6 @@ class PageCodec:
                              f"bytes at stride {stride}, got {block.nbytes} bytes")
         if not n:
             return []
-        checksum = _xxh3 if self._kind == CHECKSUM_XXH3 else zlib.crc32
-        assert checksum is not None, "xxh3 codecs exist only with xxhash installed"
         starts = range(0, n * stride, stride)
         rows = np.ndarray((n, end), np.uint8, block, 0, (stride, 1))
         headers = np.repeat(self._template, n)
@@ -298,12 +306,16 @@ class PageCodec:
             h.update(key.encode())
             digests.append(h.digest())
         headers["key"] = np.frombuffer(b"".join(digests), dtype="V16")
-        headers["checksum"] = list(map(checksum, rows[:, HEADER_BYTES:]))
+        sealer = self._sealer
+        if sealer is None:
+            checksum = _xxh3 if self._kind == CHECKSUM_XXH3 else zlib.crc32
+            assert checksum is not None, "xxh3 codecs exist only with xxhash installed"
+            headers["checksum"] = list(map(checksum, rows[:, HEADER_BYTES:]))
         rows[:, :HEADER_BYTES] = headers.view(np.uint8).reshape(n, HEADER_BYTES)
-        if self._secret is not None:
+        if sealer is not None:  # NOTE: the tag covers the header, so it is written after it
+            tag = sealer.tag
             for i, key in zip(starts, keys):
-                block[i + end : i + end + TAG_BYTES] = hmac.digest(
-                    self._mac_key(key), block[i : i + end], "sha256")
+                block[i + end : i + end + TAG_BYTES] = tag(key, block[i : i + end])
         self._num_encoded += n  # NOTE: no lock on the hot path; exact on GIL builds
         return [block[i : i + size] for i in starts]
 
@@ -324,8 +336,9 @@ class PageCodec:
 
         A miss (None input excluded) is counted in ``stats()`` under one of ``bad_magic``,
         ``version``, ``fingerprint``, ``key`` (written under another key), ``auth`` (no
-        valid tag, or a sealed page and no secret), ``length``, ``checksum``, ``truncated``.
-        The length field is checked against ``page_bytes`` before the payload is touched.
+        valid tag, another MAC algorithm, or a sealed page and no secret), ``length``,
+        ``checksum`` (unsealed pages), ``truncated``. The length field is checked against
+        ``page_bytes`` before the payload is touched.
         """
         return self.verify(blob, key)[0]
 
@@ -348,44 +361,34 @@ class PageCodec:
             if not MAGIC.startswith(bytes(view[:4])):
                 return "bad_magic", 0
             return ("version" if view.nbytes > 4 and view[4] != FORMAT_VERSION else "truncated"), 0
-        magic, version, kind, flags, reserved, fp, kd, length, digest = _HEADER.unpack_from(view)
+        magic, version, kind, flags, mac, fp, kd, length, digest = _HEADER.unpack_from(view)
         if magic != MAGIC:
             return "bad_magic", 0
-        if version != FORMAT_VERSION or reserved != 0 or flags & ~FLAG_SEALED:
-            return "version", 0  # unknown bits: a format we don't know
+        if version != FORMAT_VERSION or flags & ~FLAG_SEALED or (
+            (mac not in _KNOWN_MACS) if flags else mac != MAC_NONE
+        ):
+            return "version", 0  # unknown bits or MAC ids: a format we don't know
         if fp != self._fp_digest:
             return "fingerprint", 0
         if kd != key_digest(key):
             return "key", 0
-        if flags != self._flags:
-            return "auth", 0  # sealed without a secret to check it, or unsealed with one
+        if flags != self._flags or mac != self._mac_id:
+            return "auth", 0  # sealed with no secret to check it, unsealed with one, other MAC
         body_len = view.nbytes - HEADER_BYTES - self._tag_bytes
         if length > self.page_bytes or body_len > length:
             return "length", 0
         if body_len < length:
             return "truncated", 0
         end = HEADER_BYTES + length
-        if _checksum(kind, view[HEADER_BYTES:end]) != digest:
+        sealer = self._sealer
+        # NOTE: a sealed page's tag covers its payload, so a checksum pass would add nothing;
+        # an unsealed page without a checksum (kind 0) is a checksum miss
+        if (kind or sealer is None) and _checksum(kind, view[HEADER_BYTES:end]) != digest:
             return "checksum", 0
-        if self._secret is not None:
-            # NOTE: one-shot HMAC over the contiguous header + payload, no copy
-            tag = hmac.digest(self._mac_key(key), view[:end], "sha256")
-            if not hmac.compare_digest(tag, view[end:]):
-                return "auth", 0
+        # NOTE: one pass over the contiguous header + payload, no copy
+        if sealer is not None and not sealer.verify(key, view[:end], view[end:]):
+            return "auth", 0
         return None, length
-
-    def _mac_key(self, key: str) -> bytes:
-        """The MAC key of ``key``'s namespace: HMAC(secret, context || namespace id), so
-        tenants sharing one secret never share a MAC key."""
-        namespace = _namespace_field(key)
-        mac_key = self._mac_keys.get(namespace)
-        if mac_key is None:
-            assert self._secret is not None, "only sealing codecs derive MAC keys"
-            mac_key = hmac.digest(self._secret, _MAC_CONTEXT + namespace.encode(), "sha256")
-            if len(self._mac_keys) >= _MAX_MAC_KEYS:
-                self._mac_keys.clear()  # NOTE: bounded memory with unbounded tenants
-            self._mac_keys[namespace] = mac_key
-        return mac_key
 
     def stats(self) -> dict[str, int]:
         """Counters: ``encoded``, ``decoded`` (verified reads) and one entry per miss reason."""

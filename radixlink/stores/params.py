@@ -1,8 +1,9 @@
 """Store URL query parameters: every backend declares its own, and they are checked at open.
 
 Owns parsing, types and ranges, "did you mean" hints for typos, and reading page secrets
-(``auth=env:NAME`` / ``auth=file:/path``). Knows nothing of any backend. Messages name the
-parameter, the value and what is allowed; never a password or a secret.
+(``auth=env:NAME`` / ``auth=file:/path``, with ``mac=`` naming their MAC). Knows nothing of any
+backend. Messages name the parameter, the value and what is allowed; never a password or a
+secret.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from radixlink.stores.seal import DEFAULT_MAC, MAC_IDS, PageSecret, check_mac
 
 MAX_SECRET_FILE_BYTES = 4096
 _INT_RE = re.compile(r"^[+-]?\d+$")
@@ -155,6 +158,19 @@ def secret_ref(value: str) -> bytes:
 
 
 AUTH = Param(secret_ref, None, "env:VARNAME or file:/absolute/path", secret=True)
+#: Every store that takes ``auth=`` takes ``mac=`` too (``read_params`` adds it).
+MAC = Param(check_mac, None, f"one of {', '.join(MAC_IDS)} (default {DEFAULT_MAC})")
+
+
+def _sealed(scheme: str, secret: bytes | None, mac: str | None) -> PageSecret | None:
+    """``auth=``'s secret with ``mac=``'s algorithm; ``mac=`` alone is refused."""
+    if secret is None:
+        if mac is not None:
+            raise ValueError(f"{scheme}:// store URL: mac={mac} names the MAC of sealed pages "
+                             "but the URL has no auth=; add auth=env:VARNAME or "
+                             "auth=file:/absolute/path, or drop mac=")
+        return None
+    return PageSecret(secret, mac or DEFAULT_MAC)
 
 
 def read_params(
@@ -171,10 +187,15 @@ def read_params(
         spec: the parameters this store accepts.
         refused: parameters that are known but make no sense here -> why (and the fix).
 
+    A spec with ``auth`` also accepts ``mac``; ``auth``'s value is then a ``PageSecret``
+    carrying the MAC algorithm (``mac=`` without ``auth=`` is refused).
+
     Raises:
         ValueError: one message naming the parameter, the value (unless secret) and what is
             allowed; for an unknown name the closest allowed names ("did you mean").
     """
+    if "auth" in spec:
+        spec = {**spec, "mac": MAC}
     for name, value in params.items():
         if name in spec:
             continue
@@ -198,4 +219,6 @@ def read_params(
                 raise ValueError(f"{scheme}:// store URL: {exc}") from None
             raise ValueError(f"{scheme}:// store URL: parameter {name}={raw!r} is invalid; "
                              f"expected {param.allowed}") from None
+    if "auth" in spec:
+        out["auth"] = _sealed(scheme, out["auth"], out["mac"])
     return out

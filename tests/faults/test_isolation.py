@@ -36,8 +36,8 @@ BASE = Namespace(model="tiny-hybrid@1", layout=LAYOUT.fingerprint(), cache_salt=
 VARIANTS = {f.name: dataclasses.replace(BASE, **{f.name: getattr(BASE, f.name) + "'"})
             for f in dataclasses.fields(Namespace)}
 REQUEST_NS = Namespace(model="tiny-hybrid@1", cache_salt="tenant-7")
-KEY_RE = re.compile(r"^v2/[0-9a-f]{16}/[0-9a-f]{64}/kv(/r\d+)?$")
-FILE_RE = re.compile(r"^v2%2F[0-9a-f]{16}%2F[0-9a-f]{64}%2Fkv(%2Fr\d+)?$")  # the same, escaped
+KEY_RE = re.compile(r"^v3/[0-9a-f]{16}/[0-9a-f]{64}/kv(/r\d+)?$")
+FILE_RE = re.compile(r"^v3%2F[0-9a-f]{16}%2F[0-9a-f]{64}%2Fkv(%2Fr\d+)?$")  # the same, escaped
 
 
 def test_one_cache_keeps_identical_tokens_of_each_namespace_apart() -> None:

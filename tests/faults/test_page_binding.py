@@ -4,15 +4,19 @@ are counted misses. The request recomputes and is served only its own K/V (issue
 
 from __future__ import annotations
 
+import hmac
+import struct
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import xxhash
 
 from radixlink.hashing import Namespace
 from radixlink.stores import Store, open_store
 from radixlink.stores.codec import HEADER_BYTES, TAG_BYTES
+from radixlink.stores.keys import KEY_PREFIX
 
 from .kit import LAYOUT, TOKENS, assert_exact, kv_codec, make_cache, offload, request
 
@@ -98,8 +102,8 @@ def sealed_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 def test_a_writer_without_the_secret_cannot_inject_pages(sealed_url: str, link) -> None:
     """Flow: a tenant's linker on a sealed store offloads; a writer with store access but no
     secret overwrites each page with its own K/V under the right key (correct key digest and
-    checksum), once unsealed and once marked sealed with the real page's tag copied over.
-    Both are ``auth`` misses; the tenant recomputes."""
+    checksum), once unsealed and once marked sealed (flags and the store's MAC id) with the
+    real page's tag copied over. Both are ``auth`` misses; the tenant recomputes."""
     sealed = open_store(sealed_url)
     assert sealed.page_secret == SECRET.encode()
     owner = make_cache(namespace=MODEL)
@@ -113,9 +117,9 @@ def test_a_writer_without_the_secret_cannot_inject_pages(sealed_url: str, link) 
     assert plain.put(evil) == [True] * 10
     victim = make_cache(namespace=MODEL)
     _expect_recompute(victim, link(victim, sealed), "auth")
-    # marked sealed (flags byte), with the real page's tag appended
+    # marked sealed (flags byte 6, MAC id byte 7: blake3), with the real page's tag appended
     marked = {
-        key: blob[:6] + b"\x01" + blob[7:] + original[-TAG_BYTES:]  # type: ignore[index]
+        key: blob[:6] + b"\x01\x01" + blob[8:] + original[-TAG_BYTES:]  # type: ignore[index]
         for (key, blob), original in zip(evil.items(), originals, strict=True)
     }
     plain.put(marked)
@@ -151,11 +155,59 @@ def test_the_secret_never_shows(sealed_url: str) -> None:
 
 
 def test_pages_of_the_previous_format_are_never_found(store) -> None:
-    """Keys carry the format version, so a page stored under a v1 key is not found by its v2
-    key; a format-1 payload under a v2 key is a ``version`` miss."""
-    key = "v2/_/" + "ab" * 32 + "/kv"
-    old = b"RXLP\x01\x02\x00\x00" + bytes(32) + b"x" * 16
+    """Keys carry the format version, so a page stored under a v2 key is not found by its v3
+    key; format-1 and format-2 payloads under a v3 key are ``version`` misses."""
+    key = f"{KEY_PREFIX}_/" + "ab" * 32 + "/kv"
+    assert key.startswith("v3/")
     codec = kv_codec()
-    assert codec.decode(old, key) is None and codec.stats()["version"] == 1
-    store.put({"v1/_/" + "ab" * 32 + "/kv": old})
+    for version in (1, 2):
+        old = b"RXLP" + bytes([version, 2, 0, 0]) + bytes(32) + b"x" * 16
+        assert codec.decode(old, key) is None
+    assert codec.stats()["version"] == 2
+    store.put({"v2/_/" + "ab" * 32 + "/kv": old})
     assert store.exists([key]) == [False]
+
+
+def _as_format_2(blob: bytes, key: str) -> bytes:
+    """The page as format 2 sealed it: HMAC-SHA256 under the v2 per-namespace key, over a v2
+    header (reserved byte 0, an xxh3 checksum) and the payload; same layout and key digest."""
+    payload = blob[HEADER_BYTES:-TAG_BYTES]
+    namespace = key.split("/")[1].encode()
+    mac_key = hmac.digest(SECRET.encode(), b"radixlink page mac v2\x00" + namespace, "sha256")
+    header = struct.pack("<4sBBBB16s16sQQ", b"RXLP", 2, 2, 1, 0, blob[8:24], blob[24:40],
+                         len(payload), xxhash.xxh3_64_intdigest(payload))
+    return header + payload + hmac.digest(mac_key, header + payload, "sha256")
+
+
+def test_sealed_pages_of_format_2_are_misses(sealed_url: str, link) -> None:
+    """Flow: a tenant offloads to a sealed store; its pages are rewritten under the same keys
+    exactly as format 2 sealed them (a valid HMAC-SHA256 tag under the old key derivation).
+    The next load recomputes on 10 ``version`` misses: an old sealed page is never accepted."""
+    owner = make_cache(namespace=MODEL)
+    offload(owner, link(owner, open_store(sealed_url)))
+    plain = open_store(sealed_url.split("?")[0])
+    keys = _keys(plain)
+    plain.put({key: _as_format_2(blob or b"", key)
+               for key, blob in zip(keys, plain.get(keys), strict=True)})
+    victim = make_cache(namespace=MODEL)
+    _expect_recompute(victim, link(victim, open_store(sealed_url)), "version")
+
+
+def test_a_mac_algorithm_downgrade_is_a_miss(sealed_url: str, link) -> None:
+    """Flow: pages sealed with ``mac=hmac-sha256`` (asked for by name) load through a linker
+    on the same URL; a linker with the same secret on the default MAC (keyed BLAKE3) treats
+    them as ``auth`` misses, and so does an HMAC linker reading BLAKE3 pages."""
+    hmac_url = f"{sealed_url}&mac=hmac-sha256"
+    owner = make_cache(namespace=MODEL)
+    offload(owner, link(owner, open_store(hmac_url)))
+    reader = make_cache(namespace=MODEL)
+    result = request(reader, link(reader, open_store(hmac_url)), TOKENS, "r", namespace=None)
+    assert (result["hit"], result["ok"], result["prefix"]) == (40, True, 40)
+    blake3_reader = make_cache(namespace=MODEL)
+    _expect_recompute(blake3_reader, link(blake3_reader, open_store(sealed_url)), "auth")
+    plain = open_store(sealed_url.split("?")[0])
+    plain.clear("")
+    owner = make_cache(namespace=MODEL)
+    offload(owner, link(owner, open_store(sealed_url)))
+    hmac_reader = make_cache(namespace=MODEL)
+    _expect_recompute(hmac_reader, link(hmac_reader, open_store(hmac_url)), "auth")

@@ -10,8 +10,9 @@ from radixlink.bench.store import main
 
 def test_bench_store_smoke(tmp_path: Path, capsys: object) -> None:
     """Two page sizes x (store alone, with the codec) x put/get rows, each with store, raw and
-    ratio figures; and per page size the codec with checksum only, key digest and HMAC
-    measured side by side."""
+    ratio figures; and per page size the codec with checksum only, key digest, and sealed with
+    keyed BLAKE3 and with HMAC-SHA256, measured side by side, each seal also against the key
+    digest."""
     out = tmp_path / "store.json"
     argv = ["--store", "memory://?capacity=64MiB", "--total", "1MiB", "--repeat", "1"]
     assert main([*argv, "--page-sizes", "64KiB,256KiB", "--json", str(out)]) == 0
@@ -23,9 +24,12 @@ def test_bench_store_smoke(tmp_path: Path, capsys: object) -> None:
     assert all(row["store GB/s"] > 0 and row["raw GB/s"] > 0 for row in rows)
     codec_rows = json.loads(out.read_text())["codec_rows"]
     assert [(row["page"], row["format"]) for row in codec_rows] == [
-        (page, fmt) for page in ("64 KiB", "256 KiB") for fmt in ("checksum", "key digest", "HMAC")
+        (page, fmt) for page in ("64 KiB", "256 KiB")
+        for fmt in ("checksum", "key digest", "sealed blake3", "sealed hmac-sha256")
     ]
     assert all(row["encode MB/s"] > 0 and row["decode MB/s"] > 0 for row in codec_rows)
+    assert all(row["encode vs key digest"] > 0 and row["decode vs key digest"] > 0
+               for row in codec_rows)
 
 
 def test_bench_store_file_rows_compare_with_checked_raw_baselines(tmp_path: Path) -> None:

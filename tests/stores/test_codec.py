@@ -18,7 +18,7 @@ PAGE = 1024
 KEY = page_key("c0ffee", "ab" * 32, PoolName.KV)
 OTHER_KEY = page_key("c0ffee", "cd" * 32, PoolName.KV)
 SECRET = b"s" * 32
-_FIELDS = ("magic", "version", "kind", "flags", "reserved", "fp", "key", "length", "checksum")
+_FIELDS = ("magic", "version", "kind", "flags", "mac", "fp", "key", "length", "checksum")
 _LAYOUT = "<4sBBBB16s16sQQ"
 
 
@@ -80,6 +80,8 @@ def _good() -> bytes:
         ("bad_magic", lambda: b"nope"),
         ("version", lambda: _with_header(_good(), version=99)),
         ("version", lambda: _with_header(_good(), flags=0x80)),
+        ("version", lambda: _with_header(_good(), mac=1)),  # a MAC id on an unsealed page
+        ("version", lambda: _with_header(_good(), version=2)),  # the previous format
         ("version", lambda: b"RXLP\x01" + bytes(30)),  # a short page of format 1
         ("fingerprint", lambda: PageCodec("other-layout", PAGE).encode(b"p" * PAGE, KEY)),
         ("key", lambda: PageCodec("fp", PAGE).encode(b"p" * PAGE, OTHER_KEY)),
@@ -128,10 +130,11 @@ def test_sealed_pages_need_the_right_secret() -> None:
     forged = PageCodec("fp", PAGE, secret=b"x" * 32).encode(b"k" * PAGE, key_a)
     unsealed = PageCodec("fp", PAGE).encode(b"k" * PAGE, key_a)
     bad_tag = sealed[:-1] + bytes([sealed[-1] ^ 1])
-    # a writer without the secret: a correct header and key digest, recomputed checksum
+    # a writer without the secret: a correct header and key digest, marked sealed with the
+    # reader's MAC (blake3, id 1), the real page's tag copied over
     payload = b"evil" * (PAGE // 4)
     evil = PageCodec("fp", PAGE).encode(payload, key_a)
-    evil = _with_header(evil, flags=1) + sealed[-TAG_BYTES:]
+    evil = _with_header(evil, flags=1, mac=1, kind=0, checksum=0) + sealed[-TAG_BYTES:]
     for blob in (forged, unsealed, bad_tag, evil):
         assert reader.decode(blob, key_a) is None
     assert reader.stats()["auth"] == 4 and reader.stats()["misses"] == 4

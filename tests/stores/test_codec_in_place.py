@@ -10,9 +10,11 @@ import pytest
 from radixlink.contract import PoolName
 from radixlink.stores import PageCodec, page_key
 from radixlink.stores.codec import HEADER_BYTES, TAG_BYTES
+from radixlink.stores.seal import PageSecret
 
 PAGE = 256
 SECRET = b"k" * 32
+SECRETS = [None, SECRET, PageSecret(SECRET, "hmac-sha256")]
 
 
 def _keys(n: int) -> list[str]:
@@ -24,7 +26,7 @@ def _payloads(n: int) -> list[bytes]:
     return [rng.integers(0, 256, PAGE, dtype=np.uint8).tobytes() for _ in range(n)]
 
 
-@pytest.mark.parametrize("secret", [None, SECRET], ids=["plain", "sealed"])
+@pytest.mark.parametrize("secret", SECRETS, ids=["plain", "blake3", "hmac-sha256"])
 def test_encode_frames_equals_encode_and_decodes(secret: bytes | None) -> None:
     """Frames at a spaced stride, payloads in place: the encoded views are exactly what
     encode returns for the same payload and key, and decode gives the payload back."""
@@ -42,7 +44,7 @@ def test_encode_frames_equals_encode_and_decodes(secret: bytes | None) -> None:
     assert codec.stats()["encoded"] == 2 * len(keys)
 
 
-@pytest.mark.parametrize("secret", [None, SECRET], ids=["plain", "sealed"])
+@pytest.mark.parametrize("secret", SECRETS, ids=["plain", "blake3", "hmac-sha256"])
 def test_encode_into_writes_header_and_tag_around_the_payload(secret: bytes | None) -> None:
     """encode_into fills one frame in place (a short payload too) and returns its view."""
     codec = PageCodec("fp", PAGE, secret=secret)

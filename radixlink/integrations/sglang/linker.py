@@ -48,7 +48,7 @@ class RadixlinkLinker(UnifiedCacheLinker):
     Pages are keyed by SGLang's own storage hashes (request namespace included) under a
     store namespace of (``namespace``, pool layouts, pipeline stage); non-replicated pools add
     the tensor-parallel rank. Each page is encoded by radixlink's codec (layout fingerprint,
-    store-key digest, checksum, optional HMAC seal), so a corrupt, foreign or misplaced page
+    store-key digest, checksum, optional seal), so a corrupt, foreign or misplaced page
     is a miss.
 
     Args:
