@@ -66,6 +66,7 @@ class SchedulerSide:
         self._hashes: dict[str, list[str]] = {}  # req -> page hashes known so far
         self._loading: dict[str, _Loading] = {}
         self._load_failed: set[str] = set()  # requests whose load failed: no store hit again
+        self._behind_hole: set[str] = set()  # pages stored past a missing one: never verified
         self._loads: list[PageJob] = []
         self._finishing: list[PageJob] = []
         self.num_lookups = 0
@@ -115,6 +116,10 @@ class SchedulerSide:
         ])  # fmt: skip
         self._lookups[request.request_id] = (local, hit)
         self.num_hit_pages += hit
+        if _present_behind(present, len(tail), hit):
+            # NOTE: heal in one pass: pages after a missing one are never read, so they may
+            # be damaged too; the request recomputes them, and its saves overwrite them.
+            self._behind_hole.add(request.request_id)
         return hit * size
 
     def plan_load(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
@@ -166,6 +171,7 @@ class SchedulerSide:
         for table in (self._requests, self._lookups, self._saved, self._hashes, self._loading):
             table.pop(req_id, None)
         self._load_failed.discard(req_id)
+        self._behind_hole.discard(req_id)
         if job is None:
             return False
         self._finishing.append(job)
@@ -223,7 +229,7 @@ class SchedulerSide:
         if not hashes:
             return None
         job = self._job(request, block_ids, start, hashes, finishing=finishing,
-                        overwrite=req_id in self._load_failed)
+                        overwrite=req_id in self._load_failed or req_id in self._behind_hole)
         return job if job.num_pages else None
 
     def _job(self, request: Any, block_ids: Sequence[Sequence[int]], start: int,
@@ -284,3 +290,10 @@ def _uncount_external_tokens(request: Any, num_tokens: int) -> None:
         num_local_cached_tokens=stats.num_local_cached_tokens,
         num_external_cached_tokens=max(0, stats.num_external_cached_tokens - num_tokens),
     )  # fmt: skip
+
+
+def _present_behind(present: Sequence[bool], num_pages: int, hit: int) -> bool:
+    """Whether any group's or rank's page past the first ``hit + 1`` is stored (``present``
+    holds ``num_pages`` flags per group and rank, one run after another)."""
+    return any(any(present[start + hit + 1 : start + num_pages])
+               for start in range(0, len(present), num_pages))

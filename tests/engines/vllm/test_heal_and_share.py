@@ -96,3 +96,28 @@ def test_concurrent_loads_of_a_shared_prefix_fetch_each_page_once(nodes, model_d
     assert node2.connector_stats["fetched_pages"] == 18  # as vLLM's stat loggers got it
     assert node2.connector_stats["loaded_pages"] == 48
     node2.assert_no_leak()
+
+
+def test_damage_behind_a_missing_page_is_overwritten_by_the_recompute(nodes, model_dir,
+                                                                      file_url):
+    """Page 1 deleted, pages 2, 4, 7, 8 damaged behind it: the lookup stops at page 1, so no
+    load fails and the damaged pages are never read; the lookup saw stored pages past the
+    missing one, so the request's recomputed pages overwrite them all, and a fresh node then
+    loads all 12 pages."""
+    prompt = _prompt(50, 200)
+    node1 = nodes(model_dir, file_url)
+    node1.add("a", prompt)
+    node1.run()
+    node2 = nodes(model_dir, file_url)
+    req = node2.add("b", prompt)
+    _damage(file_url, node2.connector.scheduler_side.page_keys(req, 12)[:12], 1)
+    assert _first_run(node2, "b") == (BLOCK, 200 - BLOCK)
+    node2.run()
+    assert node2.workers[0].worker.stats["failed_loads"] == 0
+    node2.assert_no_leak()
+    node3 = nodes(model_dir, file_url)
+    node3.add("c", prompt)
+    assert _first_run(node3, "c") == (192, 8)
+    node3.run()
+    assert node3.workers[0].worker.stats["failed_loads"] == 0
+    assert node3.workers[0].worker.stats["loaded_pages"] == 12
