@@ -25,13 +25,19 @@ def test_gemma3_sliding_window_hybrid_loads_on_a_fresh_node(
     def run(node: Any) -> list[list[int]]:
         return [node.generate([p], 16)["results"][0]["output_ids"] for p in prompts]
 
+    def run_rest(node: Any) -> list[list[int]]:
+        return [node.generate([p], 16)["results"][0]["output_ids"] for p in prompts[1:]]
+
     base = start_node(NodeSpec(model=gemma3, prefix_caching=False), "gemma-baseline")
     expected = run(base)
     base.close()
     connector = connector_config(f"file://{tmp_path}/pages")
     saver = start_node(NodeSpec(model=gemma3, kv_transfer_config=connector), "gemma-saver")
-    assert run(saver) == expected
-    assert counter(saver.metrics(), EXTERNAL) == 0
+    first = saver.generate(prompts[:1], 16)["results"][0]["output_ids"]
+    assert counter(saver.metrics(), EXTERNAL) == 0  # an empty store
+    # NOTE: later prompts may load the shared prefix the first one saved: vLLM's hybrid
+    # manager keeps no sliding window at that boundary in its device cache
+    assert [first, *run_rest(saver)] == expected
     saver.close()
     loader = start_node(NodeSpec(model=gemma3, kv_transfer_config=connector), "gemma-loader")
     assert run(loader) == expected
