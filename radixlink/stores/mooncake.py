@@ -296,16 +296,16 @@ class MooncakeStore(Store):
         if self._closed:
             return
         self._closed = True
-        client, base = self.client, self._base
+        pool, client, base = self._pool, self.client, self._base
 
         def shut() -> None:
+            pool.shutdown(wait=True)  # NOTE: closing under a call still in the client crashes
             client.unregister_buffer(base)
             client.close()
 
-        # NOTE: a client takes 0.7 s to close (6 s with its master gone); the pool's thread
-        # finishes it in the background (the interpreter joins it at exit)
-        self._pool.submit(shut)
-        self._pool.shutdown(wait=False)
+        # NOTE: a client takes 0.7 s to close (6 s with its master gone, longer behind a stuck
+        # call); a thread finishes it in the background (the interpreter joins it at exit).
+        threading.Thread(target=shut, name="radixlink-mooncake-close").start()
 
     def __repr__(self) -> str:
         return f"MooncakeStore({self.where})"
