@@ -22,12 +22,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from radixlink.stores import Store
 from radixlink.stores.directory import DirectoryStore
 from radixlink.stores.memory import MemoryStore
-from radixlink.stores.mooncake import MooncakeStore
+from radixlink.stores.mooncake import MooncakeStore, buffer_address
 
 Op = Callable[[], object]
 Keys = Callable[[], list[str]]
@@ -151,14 +149,10 @@ def _redis(client: Any, pages: Sequence[memoryview], buffers: Sequence[memoryvie
                {"get": (mget, "redis-py MGET (+ copy into the buffer)")})
 
 
-def _address(view: memoryview) -> int:
-    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
-
-
 def _mooncake(client: Any, pages: Sequence[memoryview], buffers: Sequence[memoryview],
               next_keys: Keys, last_keys: Keys, all_keys: Keys, batch: int) -> Raw:
-    page_ptrs = [_address(page) for page in pages]
-    buffer_ptrs = [_address(buf) for buf in buffers]
+    page_ptrs = [buffer_address(page) for page in pages]
+    buffer_ptrs = [buffer_address(buf) for buf in buffers]
     sizes = [page.nbytes for page in pages]
     spans = [(min(ptrs), max(p + n for p, n in zip(ptrs, sizes))) for ptrs in
              (page_ptrs, buffer_ptrs)]

@@ -14,6 +14,7 @@ from typing import Any
 from radixlink.stores.params import (
     AUTH,
     Param,
+    boolean,
     choice,
     integer,
     number,
@@ -56,6 +57,7 @@ PARAMS: dict[str, Param] = {
     "advertise": Param(text, None, "this host's address the cluster reaches it at"),
     "admin": Param(_host_port, None, "HOST:PORT of the master's HTTP admin server "
                    "(--metrics_port)"),
+    "direct_put": Param(boolean, None, "true or false (true needs protocol=tcp)"),
     "setup_retries": Param(integer(1, 100), 1, "an int from 1 to 100"),
     "timeout": Param(number(0, 300, low_open=True), DEFAULT_TIMEOUT_S,
                      "seconds, > 0 and at most 300"),
@@ -76,6 +78,8 @@ class MooncakeOptions:
         protocol: ``tcp`` or ``rdma``; devices: RDMA device names.
         advertise: the address this client listens at (``MC_TCP_BIND_ADDRESS``).
         admin: ``HOST:PORT`` of the master's HTTP admin server (scan, clear, stats).
+        direct_put: send pages from the caller's buffers (TCP reads any address) instead of
+            copying them into the registered staging first (RDMA needs registered memory).
         setup_retries: connection attempts at open (each about 4.4 s when no master answers).
         timeout_s: the longest one store call may take before it is a ``StoreError``.
         secret: the page secret (``auth=``), or None.
@@ -90,6 +94,7 @@ class MooncakeOptions:
     devices: str
     advertise: str
     admin: str
+    direct_put: bool
     setup_retries: int
     timeout_s: float
     secret: bytes | None
@@ -144,6 +149,10 @@ def parse_url(url: str, environ: dict[str, str]) -> MooncakeOptions:
     if options["protocol"] == "tcp" and options["devices"]:
         raise ValueError(f"mooncake:// store URL: devices={options['devices']!r} needs "
                          "protocol=rdma")
+    direct_put = options["direct_put"]
+    if direct_put and options["protocol"] != "tcp":
+        raise ValueError("mooncake:// store URL: direct_put=true needs protocol=tcp (RDMA "
+                         "reads registered memory only); drop it")
     metadata = options["metadata"] or f"http://{host}:{DEFAULT_METADATA_PORT}/metadata"
     advertise = (options["advertise"] or environ.get("MC_TCP_BIND_ADDRESS")
                  or _route_address(host))
@@ -152,6 +161,7 @@ def parse_url(url: str, environ: dict[str, str]) -> MooncakeOptions:
         buffer_bytes=options["buffer"], staging_bytes=options["staging"],
         protocol=options["protocol"], devices=options["devices"], advertise=advertise,
         admin=options["admin"] or f"{host}:{DEFAULT_ADMIN_PORT}",
+        direct_put=options["protocol"] == "tcp" if direct_put is None else direct_put,
         setup_retries=options["setup_retries"], timeout_s=options["timeout"],
         secret=options["auth"],
     )

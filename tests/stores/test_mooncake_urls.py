@@ -18,6 +18,7 @@ def test_defaults_and_setup_arguments() -> None:
     assert options.setup_args() == ("10.0.0.7", "http://10.0.0.5:8080/metadata", 0, 16 << 20,
                                     "tcp", "", "10.0.0.5:50051")
     assert options.admin == "10.0.0.5:9003" and options.timeout_s == 2.0
+    assert options.direct_put and not parse_url(f"{BASE}?protocol=rdma", {}).direct_put
     assert options.environment() == {"MC_TCP_BIND_ADDRESS": "10.0.0.7",
                                      "MC_STORE_CLIENT_SETUP_RETRIES": "1"}
 
@@ -51,6 +52,8 @@ def test_advertise_defaults_to_the_environment_then_loopback() -> None:
     (f"{BASE}?buffer=1KiB", "parameter buffer='1KiB' is invalid"),
     (f"{BASE}?protocol=efa", "expected tcp or rdma"),
     (f"{BASE}?devices=mlx5_0", "needs protocol=rdma"),
+    (f"{BASE}?protocol=rdma&direct_put=true", "direct_put=true needs protocol=tcp"),
+    (f"{BASE}?direct_put=maybe", "parameter direct_put='maybe' is invalid"),
     (f"{BASE}?timeout=0", "parameter timeout='0' is invalid"),
     (f"{BASE}?setup_retries=0", "parameter setup_retries='0' is invalid"),
     (f"{BASE}?admin=nohost", "parameter admin='nohost' is invalid"),

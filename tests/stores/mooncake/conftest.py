@@ -8,14 +8,13 @@ files are not collected, so nothing ever listens beyond this machine.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from faults.conftest import link  # noqa: F401 - the fault matrix's linker fixture
 from mooncake_cluster import MooncakeCluster, in_private_netns
 
-from radixlink.linker.core import ExternalCacheLinker
 from radixlink.stores import Store, open_store
 
 collect_ignore_glob = [] if in_private_netns() else ["test_*.py"]
@@ -49,18 +48,3 @@ def cluster(tmp_path: Path) -> Iterator[MooncakeCluster]:
     cluster = MooncakeCluster(tmp_path / "mooncake").start()
     yield cluster
     cluster.stop()
-
-
-@pytest.fixture
-def link() -> Iterator[Callable[..., ExternalCacheLinker]]:
-    """``link(cache, store, **options)``: an attached linker, closed at teardown."""
-    built: list[ExternalCacheLinker] = []
-
-    def make(cache: Any, store: Any, **options: Any) -> ExternalCacheLinker:
-        linker = ExternalCacheLinker(cache, store, **options)
-        built.append(linker)
-        return linker
-
-    yield make
-    for linker in built:
-        linker.close()

