@@ -3,6 +3,8 @@ needed): every option parsed, every bad value a one-line ValueError naming it.""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from radixlink.stores import open_store
@@ -64,3 +66,12 @@ def test_bad_urls_are_one_value_error_at_open(url: str, message: str) -> None:
     """Each bad part is a ValueError naming it, raised by open_store before any client."""
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("?", r"\?")):
         open_store(url)
+
+
+def test_missing_client_names_the_extra_and_libibverbs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without an importable Mooncake client (the extra or libibverbs1 missing), opening a
+    valid URL raises ImportError naming both fixes."""
+    monkeypatch.setitem(sys.modules, "mooncake", None)
+    monkeypatch.setitem(sys.modules, "mooncake.store", None)
+    with pytest.raises(ImportError, match=r"radixlink\[mooncake\].*libibverbs1"):
+        open_store("mooncake://127.0.0.1:50051")
