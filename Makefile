@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0   # NOTE: this exact pin is the local CPU wheel; looser specs pull CUDA builds
-EXTRAS := dev,redis,bench
+EXTRAS := dev,redis,bench,mooncake
 
 .PHONY: setup setup-models test test-engines lint demo demo-vllm bench soak clean
 

@@ -294,7 +294,9 @@ def main(argv: list[str]) -> int:
     from radixlink.cli import CommandParser, int_at_least
 
     parser = CommandParser(prog="radixlink bench store", description=__doc__)
-    parser.add_argument("--store", default="memory://?capacity=1GiB", help="store URL")
+    parser.add_argument("--store", action="append", default=None,
+                        help="store URL; repeat it to measure stores side by side in one run "
+                        "(default memory://?capacity=1GiB)")
     parser.add_argument("--page-sizes", type=_page_sizes, default="64KiB,256KiB",
                         help="comma-separated sizes")
     parser.add_argument("--total", type=_total, default="64MiB",
@@ -305,17 +307,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     add_common_args(parser)
     args = parser.parse_args(argv)
+    urls = args.store or ["memory://?capacity=1GiB"]
     checksum = PageCodec("probe", 1).checksum
     print(
-        f"bench store: store={args.store.split('?')[0]} total={args.total >> 20} MiB per page "
-        f"size batch={args.batch} repeat={args.repeat} seed={args.seed} checksum={checksum}"
+        f"bench store: store={', '.join(url.split('?')[0] for url in urls)} "
+        f"total={args.total >> 20} MiB per page size batch={args.batch} repeat={args.repeat} "
+        f"seed={args.seed} checksum={checksum}"
     )
-    with open_store(args.store) as store:
-        results = [_bench_page_size(store, args, size) for size in args.page_sizes]
-    rows = [row for store_rows, _ in results for row in store_rows]
-    codec_rows = [row for _, rows_ in results for row in rows_]
-    print_table(rows, f"store throughput vs raw, alone and with the codec "
-                f"({type(store).__name__})")
+    rows, codec_rows, names = [], [], []
+    for url in urls:
+        with open_store(url) as store:
+            results = [_bench_page_size(store, args, size) for size in args.page_sizes]
+        names.append(type(store).__name__)
+        where = url.split("?")[0]
+        rows += [{"store": where, **row} for store_rows, _ in results for row in store_rows]
+        codec_rows += [row for _, rows_ in results for row in rows_]
+    print_table(rows, f"store throughput vs raw, alone and with the codec ({', '.join(names)})")
     print()
     print_table(codec_rows, "page codec alone: checksum only, key digest, sealed (same rounds)")
     if args.json:

@@ -3,7 +3,9 @@ with no radixlink in between, into and out of the same buffers the store gets.
 
 memory -> ``bytes`` copies into a dict / memcpy into the buffers; file -> one plain
 ``open`` + write / read into the buffer per page; redis / redis+cluster -> redis-py pipelined
-``SET`` / ``GET`` (+ the copy into the buffer a pool load needs); other stores -> memcpy.
+``SET`` / ``GET`` (+ the copy into the buffer a pool load needs); mooncake -> the same
+Mooncake client's ``batch_put_from`` / ``batch_get_into`` straight from and into the
+buffers, registered once (zero copy); other stores -> memcpy.
 Alternative baselines (``Raw.alt``) that give a client the store's guarantees or use the
 other natural command: file put -> write a temp file + rename it over the page (what a put
 atomic for readers takes), file get -> an ``O_NOFOLLOW | O_NONBLOCK`` open + ``fstat`` +
@@ -23,6 +25,7 @@ from typing import Any
 from radixlink.stores import Store
 from radixlink.stores.directory import DirectoryStore
 from radixlink.stores.memory import MemoryStore
+from radixlink.stores.mooncake import MooncakeStore, buffer_address
 
 Op = Callable[[], object]
 Keys = Callable[[], list[str]]
@@ -146,6 +149,38 @@ def _redis(client: Any, pages: Sequence[memoryview], buffers: Sequence[memoryvie
                {"get": (mget, "redis-py MGET (+ copy into the buffer)")})
 
 
+def _mooncake(client: Any, pages: Sequence[memoryview], buffers: Sequence[memoryview],
+              next_keys: Keys, last_keys: Keys, all_keys: Keys, batch: int) -> Raw:
+    page_ptrs = [buffer_address(page) for page in pages]
+    buffer_ptrs = [buffer_address(buf) for buf in buffers]
+    sizes = [page.nbytes for page in pages]
+    spans = [(min(ptrs), max(p + n for p, n in zip(ptrs, sizes))) for ptrs in
+             (page_ptrs, buffer_ptrs)]
+    for low, high in spans:
+        client.register_buffer(low, high - low)
+
+    def put() -> None:
+        keys = next_keys()
+        for start in range(0, len(keys), batch):
+            end = start + batch
+            client.batch_put_from(keys[start:end], page_ptrs[start:end], sizes[start:end])
+
+    def get() -> None:
+        keys = last_keys()
+        for start in range(0, len(keys), batch):
+            end = start + batch
+            client.batch_get_into(keys[start:end], buffer_ptrs[start:end], sizes[start:end])
+
+    def cleanup() -> None:
+        keys = all_keys()
+        for start in range(0, len(keys), 1024):
+            client.batch_remove(keys[start : start + 1024], True)
+        for low, _ in spans:
+            client.unregister_buffer(low)
+
+    return Raw(put, get, cleanup, "Mooncake client batch_put_from / batch_get_into, zero copy")
+
+
 def raw_ops(store: Store, pages: Sequence[memoryview], buffers: Sequence[memoryview],
             next_keys: Keys, last_keys: Keys, all_keys: Keys, batch: int
             ) -> Raw:
@@ -156,6 +191,8 @@ def raw_ops(store: Store, pages: Sequence[memoryview], buffers: Sequence[memoryv
     if isinstance(store, DirectoryStore):
         return _files(store.root.rstrip("/") + ".rawbench", pages, buffers, next_keys,
                       last_keys)
+    if isinstance(store, MooncakeStore):
+        return _mooncake(store.client, pages, buffers, next_keys, last_keys, all_keys, batch)
     client = getattr(store, "client", None)
     if client is not None and hasattr(client, "pipeline"):
         return _redis(client, pages, buffers, next_keys, last_keys, all_keys, batch)

@@ -25,6 +25,7 @@ STORES: dict[str, str] = {
     "rediss+cluster": "radixlink.stores.cluster:ClusterStore",
     "tiered": "radixlink.stores.tiered:TieredStore",
     "faults": "radixlink.stores.faults:FaultyStore",
+    "mooncake": "radixlink.stores.mooncake:MooncakeStore",
 }
 INSTALL_HINTS: dict[str, str] = {"redis": "pip install 'radixlink[redis]'"}
 
