@@ -1,7 +1,7 @@
 """Validation of caller input at the facade boundary (slot tensors, counts, ``InsertParams``).
 
-Owns error messages for caller misuse only; changes nothing. Used by ``UnifiedCache`` and
-``NoPrefixCache``.
+Owns error messages for caller misuse only; changes nothing. Used by ``UnifiedCache``,
+``NoPrefixCache`` and the linker's request entries (request ids, durations).
 """
 
 from __future__ import annotations
@@ -20,6 +20,26 @@ def check_count(name: str, value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{name} must be a non-negative int, got {value!r}")
     return value
+
+
+def check_req_id(req_id: Any) -> Any:
+    """A request id is a hashable value (it keys the linker's tables)."""
+    try:
+        hash(req_id)
+    except TypeError:
+        raise ValueError(f"req_id must be hashable (a str or int), got unhashable "
+                         f"{type(req_id).__name__} {req_id!r:.80}") from None
+    return req_id
+
+
+def check_seconds(name: str, value: Any, *, allow_zero: bool = False) -> float:
+    """A duration: a real number, positive (or zero with ``allow_zero``), not NaN; inf is
+    allowed (no deadline)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not (value >= 0 if allow_zero else value > 0):
+        low = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be a number of seconds {low}, got {value!r}")
+    return float(value)
 
 
 def check_slots(name: str, slots: Any, device: torch.device) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from radixlink.checks import check_count, check_req_id, check_seconds
 from radixlink.contract import InsertParams, MatchResult, PoolTransfer
 from radixlink.linker.breaker import CircuitBreaker, StoreGuard
 from radixlink.linker.completions import Completions
@@ -142,8 +143,13 @@ class ExternalCacheLinker:
             timeout_s: this request's deadline, from now (default ``load_timeout_s``).
 
         Raises:
-            ValueError: ``req_id`` already has a load in flight or an outcome not yet taken.
+            ValueError: ``req_id`` already has a load in flight or an outcome not yet taken;
+                an unhashable ``req_id``; a ``timeout_s`` that is not a positive number.
+                Checked before anything changes.
         """
+        check_req_id(req_id)
+        limit = self.config.load_timeout_s if timeout_s is None else check_seconds(
+            "load(timeout_s=)", timeout_s)
         self._loads.check_new(req_id)
         lookup = self._lookups.pop(req_id)
         if lookup is None or self._closed:
@@ -158,7 +164,6 @@ class ExternalCacheLinker:
             self._stats["stale_lookups"] += 1
             return False
         assert locked is not None
-        limit = self.config.load_timeout_s if timeout_s is None else timeout_s
         member = Member(req_id=req_id, lookup=lookup, handle=locked[0], device_slots=locked[1],
                         deadline=time.monotonic() + limit)
         shared = self._loads.shared(lookup)
@@ -198,7 +203,7 @@ class ExternalCacheLinker:
         ends; then take the outcome before using the prefix further (its slots are the
         canonical ones). Asking makes the load land layer by layer: call it right after
         ``load``. None when ``req_id`` has no load in flight."""
-        member = self._loads.member(req_id)
+        member = self._loads.member(check_req_id(req_id))
         if member is None or member.transfer is None:
             return None
         return landing(member, self._progress.get(member.transfer.job_id))
@@ -208,7 +213,7 @@ class ExternalCacheLinker:
         cancelled when no other request waits on it; its slots are freed when the worker
         returns) and release an outcome it never took. Returns whether anything was held.
         With several ranks, call it on every rank."""
-        found = self._lookups.drop(req_id)
+        found = self._lookups.drop(check_req_id(req_id))
         member = self._loads.member(req_id)
         if member is not None:
             self._leave(member)
@@ -239,8 +244,12 @@ class ExternalCacheLinker:
             timeout: shortens this request's deadline to ``now + timeout`` (never extends it).
 
         Raises:
-            ValueError: no load was started for ``req_id`` (or its outcome was already taken).
+            ValueError: no load was started for ``req_id`` (or its outcome was already taken);
+                an unhashable ``req_id`` or a ``timeout`` that is not a number >= 0.
         """
+        check_req_id(req_id)
+        if timeout is not None:
+            check_seconds("wait_load(timeout=)", timeout, allow_zero=True)
         self.offload.flush_batch()
         outcome = self._loads.take(req_id)
         if outcome is not None:
@@ -347,6 +356,8 @@ class ExternalCacheLinker:
     def flush(self, timeout: float | None = None) -> bool:
         """Send queued offloads, wait for in-flight offloads (and loads) and apply their
         results; False on timeout."""
+        if timeout is not None:
+            check_seconds("flush(timeout=)", timeout, allow_zero=True)
         self.offload.flush_batch()
         idle = self._worker.wait_idle(timeout)
         self._process()
@@ -388,7 +399,15 @@ class ExternalCacheLinker:
 
     def observe_prefill(self, num_new: int, num_cached: int, seconds: float) -> None:
         """The engine computed ``num_new`` tokens after ``num_cached`` in ``seconds``: feeds
-        the cost model's prefill estimate (a no-op without a cost model)."""
+        the cost model's prefill estimate (a no-op without a cost model).
+
+        Raises:
+            ValueError: negative or non-int counts, or ``seconds`` not a finite number >= 0.
+        """
+        check_count("num_new", num_new)
+        check_count("num_cached", num_cached)
+        if check_seconds("seconds", seconds, allow_zero=True) == float("inf"):
+            raise ValueError("seconds must be finite, got inf")
         if self.cost_model is not None:
             self.cost_model.observe_prefill(num_new, num_cached, seconds)
 
