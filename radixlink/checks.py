@@ -96,6 +96,30 @@ def check_linkable(config: Any, components: Any, pools: Any) -> None:
             )
 
 
+def check_prefill(num_new: Any, num_cached: Any, seconds: Any) -> None:
+    """Counts are non-negative ints; ``seconds`` a finite number >= 0."""
+    check_count("num_new", num_new)
+    check_count("num_cached", num_cached)
+    if check_seconds("seconds", seconds, allow_zero=True) == float("inf"):
+        raise ValueError("seconds must be finite, got inf")
+
+
+def check_namespaced(config: Any, store: Any, *, close: bool = False) -> None:
+    """A linker on a store other processes reach needs a model namespace: page keys hash the
+    pool layout only, so without one a cache loads pages another model with the same KV
+    layout wrote. With ``close``, the store is closed before the error is raised."""
+    namespace = config.namespace
+    if getattr(store, "shared", True) and (namespace is None or not namespace.model):
+        if close:
+            store.close()
+        raise ValueError(
+            f"a linker on a shared store ({type(store).__name__}) needs a model namespace: "
+            "build the cache with CacheConfig(..., namespace=Namespace(model=<a fingerprint "
+            "of the weights>)); without one, pages another model with the same KV layout "
+            "wrote would load (only a process-private memory:// store may go without)"
+        )
+
+
 def check_fresh_slots(allocator: Any, ownership: Any, slots: np.ndarray, start: int,
                       end: int) -> None:
     """``slots[start:end]`` (host int64 slot ids) must be distinct, whole, page-aligned runs of

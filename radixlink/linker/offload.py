@@ -282,6 +282,19 @@ class OffloadPolicy:
                 node.external_cache_stored = True
                 node.stored_at = now
 
+    def abandon(self) -> None:
+        """The linker closed with offloads still in flight (their completions are never
+        applied): clear their nodes' in-flight marks and forget their pages as known."""
+        for offload in self._inflight.values():
+            for name, hashes in offload.written:
+                self.known.discard(name, hashes)
+            for node in offload.nodes:
+                if node.offload_inflight == offload.ticket:
+                    node.offload_inflight = 0
+        self._inflight.clear()
+        self._tickets.clear()
+        self._inflight_bytes = 0
+
     def mark_loaded(self, last_node: Any, prefix_len: int,
                     transfers: list[PoolTransfer | None]) -> None:
         """Pages just loaded from the store are in the store: remember the pages of

@@ -98,6 +98,11 @@ class TieredStore(Store):
         """The URL's ``auth=`` when given, else the back store's, else the front's."""
         return self._page_secret or self.back.page_secret or self.front.page_secret
 
+    @property  # type: ignore[override]
+    def shared(self) -> bool:
+        """Whether other processes reach either tier."""
+        return self.front.shared or self.back.shared
+
     def exists(self, keys: Sequence[str]) -> list[bool]:
         found = self.front.exists(keys)
         with self._lock:
