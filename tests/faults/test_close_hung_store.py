@@ -9,11 +9,9 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from redis_server import MISSING_REASON, REDIS_SERVER, RedisServer
+from redis_server import RedisServer
 
 from radixlink.linker.core import ExternalCacheLinker
 
@@ -21,19 +19,6 @@ from .kit import MODEL_NS, assert_exact, make_cache, serve
 
 pytestmark = pytest.mark.redis
 NUM_JOBS = 30
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    """A server of our own: pausing the session's would stall other tests."""
-    if REDIS_SERVER is None:
-        pytest.skip(MISSING_REASON)
-    pytest.importorskip("redis")
-    server = RedisServer(tmp_path / "redis").start()
-    yield server
-    if server.proc is not None and server.proc.poll() is None:
-        os.kill(server.proc.pid, signal.SIGCONT)
-    server.stop()
 
 
 def test_close_with_a_paused_redis_and_30_queued_offloads_is_bounded(

@@ -2,30 +2,21 @@
 (processes, gloo) share a directory store; rank 1's ``/r1`` pages are deleted behind their back
 (as allkeys-lru or a directory cap evicts keys independently). Revalidation must decide alike
 on both ranks, so their collectives keep pairing: both answer every request, both re-offload
-the lost node, and a peer then hits the whole prefix again.
-
-Each rank runs ``_RANK_SCRIPT`` in a child Python; they meet through a gloo FileStore rendezvous
-and write their observations as JSON.
+the lost node, and a peer then hits the whole prefix again. The ranks report as JSON.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gloo_ranks import python_command, run_gloo_ranks
+from gloo_ranks import RANK_PROLOGUE, python_command, run_gloo_ranks
 
-_RANK_SCRIPT = r"""
-import json, sys
-import torch.distributed as dist
+_RANK_SCRIPT = RANK_PROLOGUE + r"""
 from faults.kit import TOKENS, assert_exact, make_cache, request
 from radixlink.hashing import Namespace
-from radixlink.linker import TorchRankGroup
 from radixlink.linker.core import ExternalCacheLinker
 from radixlink.stores import open_store
 
-rank, rendezvous, out, root = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-dist.init_process_group("gloo", init_method="file://" + rendezvous, rank=rank, world_size=2)
-group = TorchRankGroup()
 url = "file://" + root + "/store?capacity=64MiB"
 ns = Namespace(model="test-model")
 res = {"answers": [], "peer": []}
