@@ -37,6 +37,10 @@ class GatedStore(Store):
         self.gated: set[str] = set()
         self.open = threading.Event()
 
+    @property  # type: ignore[override]
+    def shared(self) -> bool:
+        return self.inner.shared
+
     def exists(self, keys: Sequence[str]) -> list[bool]:
         return self.inner.exists(keys)
 
