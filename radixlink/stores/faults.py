@@ -109,8 +109,8 @@ class FaultyStore(Store):
         """The URL's ``auth=`` when given, else the inner store's."""
         return self._page_secret or self.inner.page_secret
 
-    @property  # type: ignore[override]
-    def shared(self) -> bool:
+    @property
+    def shared(self) -> bool:  # type: ignore[override]
         """Whether other processes reach the inner store."""
         return self.inner.shared
 

@@ -98,8 +98,8 @@ class TieredStore(Store):
         """The URL's ``auth=`` when given, else the back store's, else the front's."""
         return self._page_secret or self.back.page_secret or self.front.page_secret
 
-    @property  # type: ignore[override]
-    def shared(self) -> bool:
+    @property
+    def shared(self) -> bool:  # type: ignore[override]
         """Whether other processes reach either tier."""
         return self.front.shared or self.back.shared
 

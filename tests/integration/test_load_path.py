@@ -37,8 +37,8 @@ class GatedStore(Store):
         self.gated: set[str] = set()
         self.open = threading.Event()
 
-    @property  # type: ignore[override]
-    def shared(self) -> bool:
+    @property
+    def shared(self) -> bool:  # type: ignore[override]
         return self.inner.shared
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
