@@ -17,6 +17,7 @@ from radixlink.checks import (
     check_insert,
     check_insert_slots,
     check_linkable,
+    check_req_id,
     check_slots,
 )
 from radixlink.components.assembly import build_components, build_memory
@@ -120,8 +121,11 @@ class UnifiedCache:
                 cache's own (model, layout); None = the cache's own.
 
         Raises:
-            ValueError: malformed ``tokens``, or a namespace that names another model.
+            ValueError: malformed ``tokens``, an unhashable ``req_id``, or a namespace that
+                names another model.
         """
+        if req_id is not None:
+            check_req_id(req_id)
         key = self._packer.pack(tokens)
         own = self.resolve_namespace(namespace)
         result = self._match(key, own, touch=True)

@@ -1,7 +1,7 @@
 """Validation of caller input at the facade boundary (slot tensors, counts, ``InsertParams``).
 
-Owns error messages for caller misuse only; changes nothing. Used by ``UnifiedCache`` and
-``NoPrefixCache``.
+Owns error messages for caller misuse only; changes nothing. Used by ``UnifiedCache``,
+``NoPrefixCache`` and the linker's request entries (request ids, durations).
 """
 
 from __future__ import annotations
@@ -20,6 +20,26 @@ def check_count(name: str, value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{name} must be a non-negative int, got {value!r}")
     return value
+
+
+def check_req_id(req_id: Any) -> Any:
+    """A request id is a hashable value (it keys the linker's tables)."""
+    try:
+        hash(req_id)
+    except TypeError:
+        raise ValueError(f"req_id must be hashable (a str or int), got unhashable "
+                         f"{type(req_id).__name__} {req_id!r:.80}") from None
+    return req_id
+
+
+def check_seconds(name: str, value: Any, *, allow_zero: bool = False) -> float:
+    """A duration: a real number, positive (or zero with ``allow_zero``), not NaN; inf is
+    allowed (no deadline)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not (value >= 0 if allow_zero else value > 0):
+        low = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be a number of seconds {low}, got {value!r}")
+    return float(value)
 
 
 def check_slots(name: str, slots: Any, device: torch.device) -> None:
@@ -74,6 +94,30 @@ def check_linkable(config: Any, components: Any, pools: Any) -> None:
                 f"attach_linker needs page data: the {name} pool has no tensors; build the "
                 f"cache with CacheConfig(..., {settings[name]}=...)"
             )
+
+
+def check_prefill(num_new: Any, num_cached: Any, seconds: Any) -> None:
+    """Counts are non-negative ints; ``seconds`` a finite number >= 0."""
+    check_count("num_new", num_new)
+    check_count("num_cached", num_cached)
+    if check_seconds("seconds", seconds, allow_zero=True) == float("inf"):
+        raise ValueError("seconds must be finite, got inf")
+
+
+def check_namespaced(config: Any, store: Any, *, close: bool = False) -> None:
+    """A linker on a store other processes reach needs a model namespace: page keys hash the
+    pool layout only, so without one a cache loads pages another model with the same KV
+    layout wrote. With ``close``, the store is closed before the error is raised."""
+    namespace = config.namespace
+    if getattr(store, "shared", True) and (namespace is None or not namespace.model):
+        if close:
+            store.close()
+        raise ValueError(
+            f"a linker on a shared store ({type(store).__name__}) needs a model namespace: "
+            "build the cache with CacheConfig(..., namespace=Namespace(model=<a fingerprint "
+            "of the weights>)); without one, pages another model with the same KV layout "
+            "wrote would load (only a process-private memory:// store may go without)"
+        )
 
 
 def check_fresh_slots(allocator: Any, ownership: Any, slots: np.ndarray, start: int,

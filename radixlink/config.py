@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from radixlink.contract import ComponentType
-from radixlink.hashing import HASH_ALGOS, Namespace
+from radixlink.hashing import HASH_ALGOS, Namespace, check_no_separator
 from radixlink.memory.layout import KVLayout, StateLayout
 
 
@@ -118,6 +118,10 @@ class CacheConfig:
                 )
         if self.namespace is not None and not isinstance(self.namespace, Namespace):
             raise ValueError(f"CacheConfig.namespace must be a Namespace, got {self.namespace!r}")
+        if self.namespace is not None:
+            for name, value in zip(("model", "layout", "cache_salt", "extra_key"),
+                                   self.namespace.parts(), strict=True):
+                check_no_separator(f"CacheConfig.namespace.{name}", value)
         if not isinstance(self.enable_external_cache_linker, bool):
             raise ValueError(
                 "CacheConfig.enable_external_cache_linker must be a bool, got "

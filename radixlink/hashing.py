@@ -1,13 +1,13 @@
 """Deterministic, versioned page-chain hashes and cache namespaces (DESIGN.md section 6).
 
 Owns the byte layout of page hashes and namespace seeds (spec: docs/hashing.md). Imports nothing
-else from radixlink; torch is only looked at if the caller already imported it.
+else from radixlink but its memo (``seedmemo``); torch is only looked at if the caller already
+imported it.
 """
 
 from __future__ import annotations
 
 import array
-import functools
 import hashlib
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -15,6 +15,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
+
+from radixlink.seedmemo import NamespaceMemo
 
 HASH_FORMAT_VERSION = 1
 """Version of the format in docs/hashing.md. It is not mixed into any hash: it is the first
@@ -89,6 +91,9 @@ def layer_namespaces(base: Namespace | None, request: Namespace | None) -> Names
         return base
     if not isinstance(request, Namespace):
         raise ValueError(f"a request namespace must be a Namespace, got {request!r}")
+    for name in ("model", "layout", "cache_salt", "extra_key"):
+        check_no_separator(f"request namespace {name}", getattr(request, name),
+                           "" if base is None else getattr(base, name))
     if base is None:
         return request
     for name in ("model", "layout"):
@@ -104,11 +109,26 @@ def layer_namespaces(base: Namespace | None, request: Namespace | None) -> Names
                      extra_key=_join(base.extra_key, request.extra_key))
 
 
+def check_no_separator(name: str, value: str, base: str = "") -> None:
+    """Refuse the layering separator ``\\x1f`` inside a namespace field: with it one layered
+    namespace could spell another (``("a", "b\\x1fc")`` and ``("a\\x1fb", "c")``). A value
+    already layered on ``base`` (``base + "\\x1f" + rest``, as ``layer_namespaces`` returns)
+    is allowed when ``rest`` holds none.
+
+    Raises:
+        ValueError: ``value`` holds the separator elsewhere.
+    """
+    rest = value[len(base) + 1:] if base and value.startswith(base + "\x1f") else value
+    if "\x1f" in rest:
+        raise ValueError(f"{name}={value!r} holds the namespace separator \\x1f (it frames "
+                         "layered namespaces); remove it from the value")
+
+
 def _join(base: str, extra: str) -> str:
     if not base or not extra or base == extra or extra.startswith(base + "\x1f"):
         return extra or base
-    # NOTE: a unit-separator frame: ("a", "b\x1fc") and ("a\x1fb", "c") only collide if a
-    # salt itself holds \x1f, and both then name the same narrowing anyway.
+    # NOTE: a unit-separator frame: no field may hold \x1f itself (check_no_separator), so
+    # ("a", "b") never equals another layering.
     return f"{base}\x1f{extra}"
 
 
@@ -227,17 +247,28 @@ def _frame(parts: tuple[str, ...]) -> bytes:
     return b"".join(chunks)
 
 
-@functools.lru_cache(maxsize=1024)
+_MEMO = NamespaceMemo()
+
+
+def namespace_memo_info() -> dict[str, int]:
+    """What the process-wide memo of namespace seeds and ids keeps: ``entries`` and the
+    ``chars`` of namespace parts they hold (bounded: see ``NamespaceMemo``)."""
+    return _MEMO.info()
+
+
 def _seed(parts: tuple[str, ...], algo: str) -> bytes:
     if not parts:
         _digest_fn(algo)  # still reject an unknown algo
         return b""
-    return _hash_once(_frame(parts), algo)
+    seed: bytes = _MEMO.get(("seed", algo, parts), parts,
+                            lambda: _hash_once(_frame(parts), algo))
+    return seed
 
 
-@functools.lru_cache(maxsize=1024)
 def _namespace_id(parts: tuple[str, ...]) -> str:
-    return hashlib.sha256(_frame(parts)).hexdigest()[:_NAMESPACE_ID_LEN]
+    ns_id: str = _MEMO.get(("id", parts), parts,
+                           lambda: hashlib.sha256(_frame(parts)).hexdigest()[:_NAMESPACE_ID_LEN])
+    return ns_id
 
 
 def _canonical(parts: tuple[str, ...]) -> tuple[str, ...]:

@@ -23,6 +23,7 @@ import torch
 from radixlink.cache import UnifiedCache
 from radixlink.config import CacheConfig
 from radixlink.contract import InsertParams, PoolName
+from radixlink.hashing import Namespace
 from radixlink.linker.core import ExternalCacheLinker
 from radixlink.linker.staging import LEAD, frame_stride
 from radixlink.memory.layout import KVLayout
@@ -41,6 +42,7 @@ def smollm2_layout() -> KVLayout:
 def _cache(num_pages: int) -> UnifiedCache:
     return UnifiedCache(CacheConfig(page_size=PAGE_SIZE, num_tokens=(num_pages + 2) * PAGE_SIZE,
                                     kv_layout=smollm2_layout(),
+                                    namespace=Namespace(model="bench-smollm2-layout"),
                                     enable_external_cache_linker=True))
 
 

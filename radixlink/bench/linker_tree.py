@@ -22,6 +22,7 @@ from radixlink.bench.workload import ChatRequest
 from radixlink.cache import UnifiedCache
 from radixlink.config import CacheConfig
 from radixlink.contract import InsertParams
+from radixlink.hashing import Namespace
 from radixlink.linker.core import ExternalCacheLinker
 from radixlink.memory.layout import KVLayout
 from radixlink.stores.registry import open_store
@@ -84,6 +85,7 @@ def run_mode(requests: Sequence[ChatRequest], mode: Mode, capacity: int, page_si
     cache = UnifiedCache(CacheConfig(
         page_size=page_size, num_tokens=capacity,
         kv_layout=tiny_layout(page_size, head_dim) if layout else None,
+        namespace=Namespace(model="bench-tiny-layout"),  # NOTE: shared stores need one
         enable_external_cache_linker=hashed))
     tmp = tempfile.mkdtemp(prefix="radixlink-bench-linker-") if linked else None
     linker = None

@@ -40,7 +40,27 @@ class Memory:
 
 
 def build_memory(config: CacheConfig, device: torch.device) -> Memory:
-    """Allocators and pools for ``config`` on ``device``."""
+    """Allocators and pools for ``config`` on ``device``.
+
+    Raises:
+        ValueError: the sizes need more memory than ``device`` can give.
+    """
+    try:
+        return _build_memory(config, device)
+    except (MemoryError, RuntimeError) as exc:
+        # NOTE: numpy raises MemoryError, torch a RuntimeError ("can't allocate memory") on
+        # CPU and torch.OutOfMemoryError (a RuntimeError) on CUDA; anything else re-raises.
+        if not isinstance(exc, MemoryError) and "alloc" not in str(exc).lower() \
+                and not isinstance(exc, torch.OutOfMemoryError):
+            raise
+        raise ValueError(
+            f"cannot allocate the cache's memory on {device} for num_tokens="
+            f"{config.num_tokens}, swa_num_tokens={config.swa_num_tokens}, mamba_num_states="
+            f"{config.mamba_num_states} ({type(exc).__name__}); pass smaller sizes"
+        ) from None
+
+
+def _build_memory(config: CacheConfig, device: torch.device) -> Memory:
     ps = config.page_size
     full = PagedAllocator(config.num_tokens, ps, device)
     memory = Memory(full=full)

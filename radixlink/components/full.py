@@ -246,7 +246,13 @@ class FullComponent(TreeComponent):
         return slots
 
     def check_held(self, slots: torch.Tensor) -> None:
-        """Raise ValueError if any of ``slots`` lies in a tree-owned page."""
+        """Raise ValueError if any of ``slots`` lies outside the pool or in a tree-owned page."""
+        if slots.numel():
+            lo, hi = int(slots.min()), int(slots.max())
+            end = (self.allocator.num_pages + 1) * self.page_size  # page 0 is the padding
+            if lo < 0 or hi >= end:
+                raise ValueError(f"slots {lo}..{hi} are outside the pool (valid 0..{end - 1}); "
+                                 "free only slots from alloc")
         if self.ownership.any_owned(slots):
             raise ValueError(
                 "free of slots the tree owns (they came from match_prefix or were adopted by "

@@ -8,6 +8,7 @@ Owns the breaker state machine and the lookup thread. Must not touch the tree or
 from __future__ import annotations
 
 import enum
+import math
 import random
 import threading
 import time
@@ -50,13 +51,14 @@ class BreakerConfig:
     def __post_init__(self) -> None:
         for name in ("budget_s", "cooldown_s", "max_cooldown_s"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"BreakerConfig.{name} must be a positive number of seconds, "
-                                 f"got {value!r}")
+            if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                    or not 0 < value < math.inf):
+                raise ValueError(f"BreakerConfig.{name} must be a positive, finite number of "
+                                 f"seconds, got {value!r}")
         if not isinstance(self.failure_threshold, int) or self.failure_threshold < 1:
             raise ValueError(f"BreakerConfig.failure_threshold must be an int >= 1, got "
                              f"{self.failure_threshold!r}")
-        if not 0 <= self.jitter < 1:
+        if not isinstance(self.jitter, (int, float)) or not 0 <= self.jitter < 1:
             raise ValueError(f"BreakerConfig.jitter must be in [0, 1), got {self.jitter!r}")
 
 

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from radixlink.linker.breaker import BreakerConfig
 from radixlink.linker.offload import WRITE_POLICIES, WritePolicy
 
+MAX_THREADS = 64
+"""Most store transfer threads a linker starts (each is an OS thread with its own stack)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LinkerConfig:
@@ -27,7 +30,7 @@ class LinkerConfig:
         load_timeout_s: default per-request load deadline, counted from ``load()`` (slots are
             freed when the worker returns, never before).
         revalidate_after_s: a stored mark older than this is re-checked on the next hit.
-        num_threads: store transfer threads.
+        num_threads: store transfer threads, 1 to ``MAX_THREADS`` (64).
         breaker: the time budget and circuit breaker of store calls on the caller's thread.
         max_lookups, max_lookup_bytes, lookup_ttl_s: bounds on lookups remembered for
             ``load()`` (count, host bytes, age; the age bound is off with several ranks).
@@ -57,7 +60,7 @@ class LinkerConfig:
             if not _number(getattr(self, name)) or not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got "
                                  f"{getattr(self, name)!r}")
-        if not _number(self.revalidate_after_s) or self.revalidate_after_s < 0:
+        if not _number(self.revalidate_after_s) or not self.revalidate_after_s >= 0:
             raise ValueError(f"revalidate_after_s must be >= 0 seconds, got "
                              f"{self.revalidate_after_s!r}")
         for name, low in (("write_through_threshold", 1), ("max_inflight_bytes", 1),
@@ -66,6 +69,9 @@ class LinkerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if self.num_threads > MAX_THREADS:
+            raise ValueError(f"num_threads={self.num_threads} is more than {MAX_THREADS} store "
+                             "transfer threads; a store saturates long before (try 2-8)")
 
 
 def _number(value: object) -> bool:

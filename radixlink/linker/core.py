@@ -12,27 +12,32 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from radixlink.checks import check_namespaced, check_prefill, check_req_id, check_seconds
 from radixlink.contract import InsertParams, MatchResult, PoolTransfer
 from radixlink.linker.breaker import CircuitBreaker, StoreGuard
 from radixlink.linker.completions import Completions
 from radixlink.linker.config import LinkerConfig
+from radixlink.linker.finish import LoadFinisher
 from radixlink.linker.hashmemo import PageHashMemo
 from radixlink.linker.jobs import load_job
 from radixlink.linker.loads import LoadTable, Member, Transfer
 from radixlink.linker.lookup import RememberedLookups, find_restorable
 from radixlink.linker.offload import OffloadPolicy
-from radixlink.linker.outcomes import failure_outcome, failure_reason, landing, success_outcomes
-from radixlink.linker.phases import lock_device_prefix, publish, release, reserve
+from radixlink.linker.outcomes import failure_outcome, landing
+from radixlink.linker.phases import lock_device_prefix, release, reserve
 from radixlink.linker.progress import LayerProgress
 from radixlink.linker.ranks import LocalRankGroup, RankGroup
 from radixlink.linker.records import Landing, LoadOutcome, Lookup, kv_bytes_per_token
 from radixlink.linker.stats import LinkerStats
 from radixlink.linker.storekeys import StoreKeys
-from radixlink.linker.worker import Completion, Job, TransferStatus, TransferWorker
+from radixlink.linker.worker import Completion, Job, TransferWorker
 from radixlink.memory.host import StagingArena
-from radixlink.policy import EstimateTracker, Source
+from radixlink.policy import EstimateTracker
 from radixlink.stores.base import Store
 from radixlink.stores.registry import open_store
+
+CLOSE_BUDGET_S = 2.0
+"""How long ``close()`` lets queued and running offloads go on before it cancels them."""
 
 
 class ExternalCacheLinker:
@@ -66,7 +71,9 @@ class ExternalCacheLinker:
             None (default): load the largest restorable length. Same setting on every rank.
 
     Raises:
-        ValueError: a bad option, or both ``config`` and options.
+        ValueError: a bad option, or both ``config`` and options; a store other processes
+            reach (anything but ``memory://``) while the cache has no model namespace
+            (``CacheConfig.namespace.model``).
     """
 
     def __init__(self, cache: Any, store: Store | str, *, ranks: RankGroup | None = None,
@@ -77,6 +84,7 @@ class ExternalCacheLinker:
         self.config = config = config or LinkerConfig(**options)
         self._owns_store = isinstance(store, str)
         self.store: Store = open_store(store) if isinstance(store, str) else store
+        check_namespaced(cache.config, self.store, close=self._owns_store)
         self.cache = cache
         self.ranks = ranks or LocalRankGroup()
         self.page_size: int = cache.page_size
@@ -98,6 +106,8 @@ class ExternalCacheLinker:
         self._closed = False
         self.offload = OffloadPolicy(self, config)
         self.keyspace = StoreKeys(self.ranks.rank, self.offload.replicated)
+        self._finisher = LoadFinisher(cache, self.ranks, self.offload, self.page_hashes,
+                                      self._stats, cost_model)
         cache.attach_linker(self)
 
     # ---------------------------------------------------------------- keys
@@ -142,8 +152,13 @@ class ExternalCacheLinker:
             timeout_s: this request's deadline, from now (default ``load_timeout_s``).
 
         Raises:
-            ValueError: ``req_id`` already has a load in flight or an outcome not yet taken.
+            ValueError: ``req_id`` already has a load in flight or an outcome not yet taken;
+                an unhashable ``req_id``; a ``timeout_s`` that is not a positive number.
+                Checked before anything changes.
         """
+        check_req_id(req_id)
+        limit = self.config.load_timeout_s if timeout_s is None else check_seconds(
+            "load(timeout_s=)", timeout_s)
         self._loads.check_new(req_id)
         lookup = self._lookups.pop(req_id)
         if lookup is None or self._closed:
@@ -158,7 +173,6 @@ class ExternalCacheLinker:
             self._stats["stale_lookups"] += 1
             return False
         assert locked is not None
-        limit = self.config.load_timeout_s if timeout_s is None else timeout_s
         member = Member(req_id=req_id, lookup=lookup, handle=locked[0], device_slots=locked[1],
                         deadline=time.monotonic() + limit)
         shared = self._loads.shared(lookup)
@@ -198,7 +212,7 @@ class ExternalCacheLinker:
         ends; then take the outcome before using the prefix further (its slots are the
         canonical ones). Asking makes the load land layer by layer: call it right after
         ``load``. None when ``req_id`` has no load in flight."""
-        member = self._loads.member(req_id)
+        member = self._loads.member(check_req_id(req_id))
         if member is None or member.transfer is None:
             return None
         return landing(member, self._progress.get(member.transfer.job_id))
@@ -208,7 +222,7 @@ class ExternalCacheLinker:
         cancelled when no other request waits on it; its slots are freed when the worker
         returns) and release an outcome it never took. Returns whether anything was held.
         With several ranks, call it on every rank."""
-        found = self._lookups.drop(req_id)
+        found = self._lookups.drop(check_req_id(req_id))
         member = self._loads.member(req_id)
         if member is not None:
             self._leave(member)
@@ -239,8 +253,12 @@ class ExternalCacheLinker:
             timeout: shortens this request's deadline to ``now + timeout`` (never extends it).
 
         Raises:
-            ValueError: no load was started for ``req_id`` (or its outcome was already taken).
+            ValueError: no load was started for ``req_id`` (or its outcome was already taken);
+                an unhashable ``req_id`` or a ``timeout`` that is not a number >= 0.
         """
+        check_req_id(req_id)
+        if timeout is not None:
+            check_seconds("wait_load(timeout=)", timeout, allow_zero=True)
         self.offload.flush_batch()
         outcome = self._loads.take(req_id)
         if outcome is not None:
@@ -284,39 +302,9 @@ class ExternalCacheLinker:
             self._stats["cancelled_transfers"] += 1
 
     def _finish_load(self, transfer: Transfer, done: Completion) -> None:
-        reservation = transfer.reservation
         self._progress.pop(transfer.job_id, None)
-        ok = done.ok and not transfer.cancelled and not self._closed
-        ok = self.ranks.all_ok(ok)
-        if done.status is TransferStatus.CORRUPT:
-            self._stats["checksum_misses"] += 1
-        reason = "" if ok else failure_reason(done, transfer, self._closed)
-        if ok:
-            lookup = reservation.lookup
-            self.page_hashes.remember(lookup.namespace, lookup.tokens.tobytes(),
-                                      lookup.prefix_len // self.page_size, lookup.keys)
-            try:
-                result = publish(self.cache, self.cache.components, reservation)
-            except ValueError as exc:  # the insert refused before changing anything
-                ok, reason = False, f"publish refused: {exc}"
-                self._stats["failures_publish"] += 1
-        if not ok:
-            if reason != "cancelled":
-                self._stats["failures_load"] += 1
-            for member in transfer.members:
-                self._put(failure_outcome(member, reason))
-            release(self.cache, reservation)
-            return
-        self.offload.mark_loaded(result.last_node, reservation.prefix_len,
-                                 reservation.transfers)
-        if self.cost_model is not None:
-            self.cost_model.observe_load(Source.STORE, done.num_bytes, done.seconds)
-        self._stats["loaded_bytes"] += done.num_bytes
-        self._stats["loaded_pages"] += reservation.lookup.num_pages
-        for outcome in success_outcomes(self.cache, transfer):
-            self._stats["loaded_tokens"] += outcome.loaded_len  # the store tier's hits
+        for outcome in self._finisher.finish(transfer, done, self._closed):
             self._put(outcome)
-        self.cache.unlock(reservation.handle)
 
     def _put(self, outcome: LoadOutcome) -> None:
         if self._closed:  # NOTE: nobody will take it: release its lock now
@@ -347,24 +335,26 @@ class ExternalCacheLinker:
     def flush(self, timeout: float | None = None) -> bool:
         """Send queued offloads, wait for in-flight offloads (and loads) and apply their
         results; False on timeout."""
+        if timeout is not None:
+            check_seconds("flush(timeout=)", timeout, allow_zero=True)
         self.offload.flush_batch()
         idle = self._worker.wait_idle(timeout)
         self._process()
         return idle
 
     def close(self) -> None:
-        """Quiesce every transfer, ABORT loads not yet published, then release every lock the
-        linker holds (in that order). Idempotent."""
+        """Quiesce transfers within ``CLOSE_BUDGET_S`` (then cancel queued ones, leave running
+        offloads; running loads are always waited for, so no late write lands in freed slots),
+        ABORT loads not yet published, release every lock the linker holds. Idempotent."""
         if self._closed:
             return
         self.offload.flush_batch()
         self._closed = True
         for transfer in self._loads.transfers():  # NOTE: aborted anyway; skip their writes
             self._worker.cancel(transfer.job_id)
-        # NOTE: joins every queued and running transfer (a bounded wait would leave reserved
-        # slots that a late worker write may still land in); then every completion is applied.
-        self._worker.close()
+        self._worker.close(budget_s=CLOSE_BUDGET_S)
         self._process()
+        self.offload.abandon()  # offloads still running: their nodes are not marked
         for outcome in self._loads.take_all():
             self.cache.unlock(outcome.lock)
         self.guard.close()
@@ -388,7 +378,12 @@ class ExternalCacheLinker:
 
     def observe_prefill(self, num_new: int, num_cached: int, seconds: float) -> None:
         """The engine computed ``num_new`` tokens after ``num_cached`` in ``seconds``: feeds
-        the cost model's prefill estimate (a no-op without a cost model)."""
+        the cost model's prefill estimate (a no-op without a cost model).
+
+        Raises:
+            ValueError: as ``check_prefill``: bad counts or seconds.
+        """
+        check_prefill(num_new, num_cached, seconds)
         if self.cost_model is not None:
             self.cost_model.observe_prefill(num_new, num_cached, seconds)
 

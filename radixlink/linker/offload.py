@@ -19,6 +19,7 @@ from radixlink.contract import InsertParams, LinkerTransferPhase, PoolName, Pool
 from radixlink.linker.jobs import Batch, offload_job, select_pages
 from radixlink.linker.known import KnownPages
 from radixlink.linker.records import Offload, pool_fingerprint, pool_page_bytes, pool_replicated
+from radixlink.linker.revalidate import Revalidation
 from radixlink.linker.worker import Completion
 from radixlink.stores.codec import PageCodec
 
@@ -92,6 +93,8 @@ class OffloadPolicy:
         self._batch: Batch | None = None
         self._stream: Any = None  # CUDA: the side stream offload gathers run on
         self._stats: Counter[str] = Counter()
+        self.revalidation = Revalidation(linker.ranks, linker.guard, self.known, self._page_keys,
+                                         revalidate_after_s, self._stats)
 
     # ---------------------------------------------------------------- pools
 
@@ -279,6 +282,19 @@ class OffloadPolicy:
                 node.external_cache_stored = True
                 node.stored_at = now
 
+    def abandon(self) -> None:
+        """The linker closed with offloads still in flight (their completions are never
+        applied): clear their nodes' in-flight marks and forget their pages as known."""
+        for offload in self._inflight.values():
+            for name, hashes in offload.written:
+                self.known.discard(name, hashes)
+            for node in offload.nodes:
+                if node.offload_inflight == offload.ticket:
+                    node.offload_inflight = 0
+        self._inflight.clear()
+        self._tickets.clear()
+        self._inflight_bytes = 0
+
     def mark_loaded(self, last_node: Any, prefix_len: int,
                     transfers: list[PoolTransfer | None]) -> None:
         """Pages just loaded from the store are in the store: remember the pages of
@@ -307,52 +323,22 @@ class OffloadPolicy:
                 self.known.discard(transfer.name, gone)
 
     def _revalidate(self, node: Any) -> None:
-        """Re-check, with one presence call, stale stored marks on ``node``'s path; pages the
-        store lost are unmarked (and so offloaded again by the trigger that follows)."""
-        limit = time.monotonic() - self.revalidate_after_s
-        stale = []
-        while node.parent is not None:
-            if node.external_cache_stored and (node.stored_at or 0.0) <= limit:
-                stale.append(node)
-            node = node.parent
-        if not stale:
-            return
-        keys_per_node, pages_per_node, namespace = [], [], _namespace_of(stale[0])
-        for item in stale:
-            keys: list[str] = []
-            pages: list[tuple[PoolName, str]] = []  # (pool, page hash) per key
-            for component in self.linker.cache.components:
-                transfer = component.build_external_linker_transfer(_OFFLOAD, item,
-                                                                    item.hash_value)
-                if transfer is not None:
-                    keys.extend(self.linker.keyspace.keys(transfer.name, namespace,
-                                                          transfer.keys))
-                    pages.extend((transfer.name, h) for h in transfer.keys)
-            keys_per_node.append(keys)
-            pages_per_node.append(pages)
-        present = self.linker.guard.exists([k for keys in keys_per_node for k in keys])
-        if present is None:  # failed, slow or skipped (breaker open): check again next hit
-            self._stats["failures_revalidate"] += 1
-            return
-        self._stats["revalidations"] += 1
-        pos, now = 0, time.monotonic()
-        events = getattr(self.linker.cache, "kv_events", None)
-        for item, keys, pages in zip(stale, keys_per_node, pages_per_node):
-            found = present[pos : pos + len(keys)]
-            for (name, page), hit in zip(pages, found):
-                if hit:
-                    self.known.add(name, (page,))
-                else:
-                    self.known.discard(name, (page,))
-            if all(found):
-                item.stored_at = now
-            else:
-                item.external_cache_stored = False
-                item.stored_at = None
-                self._stats["lost_nodes"] += 1
-                if events is not None:
-                    events.emit_node("removed", "store", item)
-            pos += len(keys)
+        """Re-check stale stored marks on ``node``'s path (``Revalidation``); pages the store
+        lost are unmarked, and so offloaded again by the trigger that follows."""
+        self.revalidation.run(node, _namespace_of(node),
+                              getattr(self.linker.cache, "kv_events", None))
+
+    def _page_keys(self, node: Any, namespace: Any
+                   ) -> tuple[list[str], list[tuple[PoolName, str]]]:
+        """The store keys of ``node``'s pages, with (pool, page hash) per key."""
+        keys: list[str] = []
+        pages: list[tuple[PoolName, str]] = []
+        for component in self.linker.cache.components:
+            transfer = component.build_external_linker_transfer(_OFFLOAD, node, node.hash_value)
+            if transfer is not None:
+                keys.extend(self.linker.keyspace.keys(transfer.name, namespace, transfer.keys))
+                pages.extend((transfer.name, h) for h in transfer.keys)
+        return keys, pages
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self._stats)

@@ -117,6 +117,7 @@ class TransferWorker:
         self._jobs: queue.SimpleQueue[tuple[int, Job] | None] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
         self._cancelled: set[int] = set()
+        self._running: dict[int, TransferKind] = {}  # job id -> kind, while a thread runs it
         self._lock = threading.Lock()
         self._pending = 0
         self._idle = threading.Condition(self._lock)
@@ -191,16 +192,47 @@ class TransferWorker:
                 self._idle.wait(left)
         return True
 
-    def close(self) -> None:
-        """Stop accepting jobs and join the threads (queued jobs still run to completion)."""
+    def close(self, budget_s: float | None = None) -> None:
+        """Stop accepting jobs; queued jobs still run, for at most ``budget_s`` (None: all of
+        them, joining the threads).
+
+        Past the budget the jobs still queued complete as CANCELLED without running, and
+        only running loads are waited for (they write slots reserved for them); running
+        offloads go on in the background, their completions left unread, since a store
+        call that hangs (a paused Redis) would otherwise cost its timeout per queued job.
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         for _ in self._threads:
             self._jobs.put(_STOP)
+        if budget_s is not None and not self.wait_idle(budget_s):
+            self._cancel_queued()
+            with self._idle:
+                while _LOAD in self._running.values():
+                    self._idle.wait()
+            return
         for thread in self._threads:
             thread.join()
+
+    def _cancel_queued(self) -> None:
+        """Complete every queued job as CANCELLED, unrun (the threads' stop marks stay)."""
+        stops = 0
+        while True:
+            try:
+                item = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                stops += 1
+                continue
+            job_id, job = item
+            self._finish(job_id, job, Completion(job_id=job_id, kind=job.kind,
+                                                 status=TransferStatus.CANCELLED,
+                                                 detail="closed before it ran"))
+        for _ in range(stops):
+            self._jobs.put(_STOP)
 
     def _serve(self) -> None:
         while True:
@@ -211,22 +243,28 @@ class TransferWorker:
 
     def _guarded(self, job_id: int, job: Job) -> None:
         start = time.perf_counter()
+        with self._lock:
+            self._running[job_id] = job.kind
         try:
             done = self._run_load(job_id, job) if job.kind is _LOAD else self._run_offload(
                 job_id, job)
         except Exception as exc:  # noqa: BLE001 - a failure is a status, never a raise across threads
             done = Completion(job_id=job_id, kind=job.kind, status=TransferStatus.STORE_ERROR,
                               detail=f"{type(exc).__name__}: {exc}")
-        finally:
-            if job.staging is not None:
-                self.arena.release(*job.staging)
+        done.seconds = time.perf_counter() - start
+        self._finish(job_id, job, done)
+
+    def _finish(self, job_id: int, job: Job, done: Completion) -> None:
+        """Release the job's staging, publish its completion, and count it done."""
+        if job.staging is not None:
+            self.arena.release(*job.staging)
         if job.progress is not None and not done.ok:
             job.progress.fail()
-        done.seconds = time.perf_counter() - start
         self._done.put(done)
         with self._idle:
             self._pending -= 1
             self._cancelled.discard(job_id)
+            self._running.pop(job_id, None)
             self._idle.notify_all()
 
     def _is_cancelled(self, job_id: int) -> bool:

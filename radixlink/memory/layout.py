@@ -23,9 +23,12 @@ def _check_positive(owner: str, name: str, value: object) -> None:
 
 
 def _check_dtype(owner: str, dtype: object) -> None:
-    if not isinstance(dtype, torch.dtype):
+    # NOTE: bool and complex hold no KV or state any engine writes; integer types stay
+    # allowed (engines keep fp8 KV as uint8).
+    if (not isinstance(dtype, torch.dtype) or dtype == torch.bool or dtype.is_complex):
         raise ValueError(
-            f"{owner}.dtype must be a torch.dtype such as torch.float16, got {dtype!r}"
+            f"{owner}.dtype must be a torch.dtype (numeric: not bool or complex) such as "
+            f"torch.float16, got {dtype!r}"
         )
 
 

@@ -41,6 +41,11 @@ class Store(ABC):
     #: A subclass that adds waiting (I/O, injected delays) must set it back to False.
     in_process: bool = False
 
+    #: Whether other processes can reach this store's pages (a directory, Redis). Only a
+    #: store private to this process (``memory://``) sets it False; a wrapper answers for
+    #: what it wraps. A linker on a shared store needs a model namespace.
+    shared: bool = True
+
     @property
     def page_secret(self) -> bytes | None:
         """The secret pages in this store are sealed with (the URL's ``auth=``), or None.

@@ -109,6 +109,11 @@ class FaultyStore(Store):
         """The URL's ``auth=`` when given, else the inner store's."""
         return self._page_secret or self.inner.page_secret
 
+    @property
+    def shared(self) -> bool:  # type: ignore[override]
+        """Whether other processes reach the inner store."""
+        return self.inner.shared
+
     def exists(self, keys: Sequence[str]) -> list[bool]:
         self._before("exists")
         return self.inner.exists(keys)

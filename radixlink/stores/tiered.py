@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -34,8 +35,16 @@ class TieredStore(Store):
     (backpressure, never unbounded memory). ``flush()`` waits until the queue is drained and
     ``close()`` drains it, then closes both stores.
 
+    The back is the tier other processes share, so presence is the back's: ``exists`` says
+    True for a key the back holds, or one the front holds whose back write is still queued.
+    A page the back lost or never took (a failed back write, back eviction) is absent even
+    while the front still holds it, so a linker revalidating its marks writes it again
+    (DESIGN.md section 6b: a page missing from the back is re-written there, never assumed
+    stored).
+
     A failing back store degrades to a front-only store: back errors are counted
-    (``back_errors``, ``back_put_failures``) and read as misses; they are not raised.
+    (``back_errors``, ``back_put_failures``); ``get`` reads them as misses and ``exists``
+    answers from the front while the back cannot answer. They are not raised.
 
     Args:
         front: the fast, bounded store (owned: closed by ``close``).
@@ -51,6 +60,7 @@ class TieredStore(Store):
         self._queue: queue.Queue[dict[str, bytes] | None] = queue.Queue(max_queued_batches)
         self._lock = threading.Lock()
         self._counts = {"back_hits": 0, "back_errors": 0, "back_puts": 0, "back_put_failures": 0}
+        self._queued: Counter[str] = Counter()  # key -> back writes queued, not yet done
         self._closed = False
         self._writer = threading.Thread(target=self._drain, name="radixlink-tiered", daemon=True)
         self._writer.start()
@@ -88,13 +98,20 @@ class TieredStore(Store):
         """The URL's ``auth=`` when given, else the back store's, else the front's."""
         return self._page_secret or self.back.page_secret or self.front.page_secret
 
+    @property
+    def shared(self) -> bool:  # type: ignore[override]
+        """Whether other processes reach either tier."""
+        return self.front.shared or self.back.shared
+
     def exists(self, keys: Sequence[str]) -> list[bool]:
         found = self.front.exists(keys)
-        missing = [i for i, hit in enumerate(found) if not hit]
-        if missing:
-            back_found = self._back_call(self.back.exists, [keys[i] for i in missing])
-            for i, hit in zip(missing, back_found or [False] * len(missing), strict=True):
-                found[i] = hit
+        with self._lock:
+            ask = [i for i, hit in enumerate(found) if not (hit and self._queued[keys[i]])]
+        if ask:
+            back_found = self._back_call(self.back.exists, [keys[i] for i in ask])
+            if back_found is not None:  # NOTE: else the back cannot answer: the front does
+                for i, hit in zip(ask, back_found, strict=True):
+                    found[i] = hit
         return found
 
     def get(self, keys: Sequence[str]) -> list[bytes | None]:
@@ -117,6 +134,8 @@ class TieredStore(Store):
             raise StoreError("put on a closed tiered store")
         batch = {key: bytes(value) for key, value in items.items()}
         out = self.front.put(batch)
+        with self._lock:
+            self._queued.update(list(batch))
         self._queue.put(batch)
         return out
 
@@ -164,6 +183,12 @@ class TieredStore(Store):
                     results = [False] * len(batch)
                 self._count(back_puts=len(results), back_put_failures=results.count(False))
             finally:
+                if batch is not _STOP:
+                    with self._lock:
+                        self._queued.subtract(list(batch))
+                        for key in batch:
+                            if self._queued[key] <= 0:
+                                del self._queued[key]
                 self._queue.task_done()
 
     def _back_call(self, method: Any, *args: Any) -> Any:

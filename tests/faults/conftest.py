@@ -1,11 +1,16 @@
-"""Fixtures of the fault matrix: a memory store and a linker factory that closes what it built."""
+"""Fixtures of the fault matrix: a memory store, a linker factory that closes what it built, and
+a redis-server of the test's own (``server``) for tests that pause it."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from redis_server import MISSING_REASON, REDIS_SERVER, RedisServer
 
 from radixlink.linker.core import ExternalCacheLinker
 from radixlink.stores.memory import MemoryStore
@@ -29,3 +34,17 @@ def link() -> Iterator[Callable[..., ExternalCacheLinker]]:
     yield make
     for linker in built:
         linker.close()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own (tests pause it: pausing the session's would stall
+    other tests); resumed and stopped by PID at teardown."""
+    if REDIS_SERVER is None:
+        pytest.skip(MISSING_REASON)
+    pytest.importorskip("redis")
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    if server.proc is not None and server.proc.poll() is None:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    server.stop()

@@ -32,6 +32,10 @@ TESTS_DIR = Path(__file__).resolve().parents[1]
 REPO_ROOT = TESTS_DIR.parent
 
 
+MODEL_NS = Namespace(model="kit-model")
+"""A model namespace for caches linked to shared stores (a linker refuses them without one)."""
+
+
 def make_cache(num_tokens: int = 256, namespace: Namespace | None = None) -> UnifiedCache:
     return UnifiedCache(CacheConfig(page_size=PS, num_tokens=num_tokens, kv_layout=LAYOUT,
                                     namespace=namespace, enable_external_cache_linker=True))

@@ -15,7 +15,7 @@ from sandbox import read_only_command
 
 from radixlink.stores.directory import DirectoryStore
 
-from .kit import PS, TOKENS, assert_exact, child_env, kill, make_cache, offload, request
+from .kit import MODEL_NS, PS, TOKENS, assert_exact, child_env, kill, make_cache, offload, request
 
 SLOW_OFFLOADER = textwrap.dedent("""
     import os, sys, time
@@ -28,7 +28,7 @@ SLOW_OFFLOADER = textwrap.dedent("""
         time.sleep(0.01)
         return real_write(fd, data[:256])
     os.write = slow_write
-    cache = kit.make_cache()
+    cache = kit.make_cache(namespace=kit.MODEL_NS)
     linker = ExternalCacheLinker(cache, DirectoryStore(sys.argv[1]))
     print("serving", flush=True)
     kit.serve(cache, kit.TOKENS)  # write_through: the offload runs on the linker's thread
@@ -65,7 +65,7 @@ def test_writer_killed_mid_offload_then_a_linker_loads_what_it_left(tmp_path, li
     assert 3 <= num_complete < 10
     store = DirectoryStore(tmp_path)
     assert _temps(tmp_path) == []
-    cache_b = make_cache()
+    cache_b = make_cache(namespace=MODEL_NS)
     linker_b = link(cache_b, store)
     result = request(cache_b, linker_b, TOKENS, "b")  # checks the served K/V
     assert result["hit"] == num_complete * PS and result["ok"], result
@@ -75,7 +75,7 @@ def test_writer_killed_mid_offload_then_a_linker_loads_what_it_left(tmp_path, li
 
     victim = sorted(_pages(tmp_path), key=lambda p: p.stat().st_mtime)[1]  # page 1 of 10
     victim.write_bytes(victim.read_bytes()[:300])
-    cache_c = make_cache()
+    cache_c = make_cache(namespace=MODEL_NS)
     linker_c = link(cache_c, DirectoryStore(tmp_path))
     result = request(cache_c, linker_c, TOKENS, "c")
     assert result["ok"] is False and result["prefix"] == 0, result
@@ -91,7 +91,7 @@ READ_ONLY_CHILD = textwrap.dedent("""
     from radixlink.stores.directory import DirectoryStore
 
     store = DirectoryStore(sys.argv[1])
-    cache = kit.make_cache()
+    cache = kit.make_cache(namespace=kit.MODEL_NS)
     linker = ExternalCacheLinker(cache, store)
     loaded = kit.request(cache, linker, kit.TOKENS, "r1")
     fresh = kit.request(cache, linker, list(range(500, 540)), "r2")
@@ -108,7 +108,7 @@ def test_read_only_store_directory_serves_loads_and_refuses_offloads(tmp_path, l
     """A store directory mounted read-only: a linker still loads what is there (verified), its
     own offloads fail cleanly (counted, EROFS/EACCES), and nothing raises into the engine."""
     root = tmp_path / "store"
-    cache_a = make_cache()
+    cache_a = make_cache(namespace=MODEL_NS)
     offload(cache_a, link(cache_a, DirectoryStore(root)))
     cmd = read_only_command(root, [sys.executable, "-c", READ_ONLY_CHILD, str(root)])
     try:

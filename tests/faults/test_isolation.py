@@ -132,7 +132,7 @@ def test_store_keys_hold_only_hashes(tmp_path, link) -> None:
     tenant_tokens = [123456789 + 11 * i for i in range(40)]
     memory, directory = MemoryStore(), DirectoryStore(tmp_path)
     for store in (memory, directory):
-        cache = make_cache()
+        cache = make_cache(namespace=Namespace(model=REQUEST_NS.model))
         linker = link(cache, store)
         offload(cache, linker, tokens)
         offload(cache, linker, tenant_tokens, namespace=REQUEST_NS)

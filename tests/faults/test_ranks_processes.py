@@ -14,7 +14,7 @@ from gloo_ranks import python_command, run_gloo_ranks
 _RANK_SCRIPT = r"""
 import dataclasses, json, sys
 import torch.distributed as dist
-from faults.kit import LAYOUT, PS, TOKENS, make_cache, serve
+from faults.kit import LAYOUT, MODEL_NS, PS, TOKENS, make_cache, serve
 from radixlink.cache import UnifiedCache
 from radixlink.config import CacheConfig
 from radixlink.linker import TorchRankGroup
@@ -36,7 +36,7 @@ def exact(cache):
 # 1. Every put fails on rank 1 only: the node stays unmarked on BOTH ranks.
 base = open_store(url("offload"))
 store = FaultyStore(base, fail=1.0, ops=("put",)) if rank == 1 else base
-cache = make_cache()
+cache = make_cache(namespace=MODEL_NS)
 linker = ExternalCacheLinker(cache, store, ranks=group)
 serve(cache, TOKENS)
 linker.flush(timeout=30)
@@ -46,14 +46,14 @@ linker.close()
 
 # 2. Both ranks offload; then a get fails on rank 1 only: the load aborts on BOTH ranks.
 healthy = open_store(url("load"))
-cache_a = make_cache()
+cache_a = make_cache(namespace=MODEL_NS)
 linker_a = ExternalCacheLinker(cache_a, healthy, ranks=group)
 serve(cache_a, TOKENS)
 linker_a.flush(timeout=30)
 res["a_marked"] = cache_a.match_prefix(TOKENS).last_node.external_cache_stored
 linker_a.close()
 store_b = FaultyStore(healthy, fail=1.0, ops=("get",)) if rank == 1 else healthy
-cache_b = make_cache()
+cache_b = make_cache(namespace=MODEL_NS)
 linker_b = ExternalCacheLinker(cache_b, store_b, ranks=group)
 res["hit"] = cache_b.match_prefix(TOKENS, req_id="r").external_hit_len
 res["started"] = linker_b.load("r")
@@ -68,7 +68,7 @@ res["b_matches"] = cache_b.match_prefix(TOKENS).prefix_len
 for replicated in (True, False):
     layout = dataclasses.replace(LAYOUT, replicated=replicated)
     cache = UnifiedCache(CacheConfig(page_size=PS, num_tokens=256, kv_layout=layout,
-                                     enable_external_cache_linker=True))
+                                     namespace=MODEL_NS, enable_external_cache_linker=True))
     linker = ExternalCacheLinker(cache, url("rep%d" % replicated), ranks=group)
     serve(cache, TOKENS)
     linker.flush(timeout=30)

@@ -14,7 +14,7 @@ from redis_server import RedisServer, free_port
 from radixlink.errors import StoreError
 from radixlink.stores import open_store
 
-from .kit import TOKENS, assert_exact, make_cache, offload, request
+from .kit import MODEL_NS, TOKENS, assert_exact, make_cache, offload, request
 
 pytestmark = pytest.mark.redis
 PASSWORD = "pw-0f7c1e"
@@ -22,9 +22,9 @@ PASSWORD = "pw-0f7c1e"
 
 def _round_trip(url: str, link) -> None:
     """Cache A offloads through ``url``; cache B loads the pages byte-identical."""
-    cache_a = make_cache()
+    cache_a = make_cache(namespace=MODEL_NS)
     offload(cache_a, link(cache_a, url))
-    cache_b = make_cache()
+    cache_b = make_cache(namespace=MODEL_NS)
     result = request(cache_b, link(cache_b, url), TOKENS, "b")
     assert result["ok"] and result["prefix"] == 40, result
     assert_exact(cache_b)
@@ -43,7 +43,7 @@ def test_password_from_the_url_and_a_wrong_one(tmp_path, link) -> None:
             store.exists(["k"])
         assert PASSWORD not in str(info.value) and "not-" not in str(info.value)
         store.close()
-        cache = make_cache()
+        cache = make_cache(namespace=MODEL_NS)
         linker = link(cache, wrong)
         assert request(cache, linker, TOKENS, "r")["hit"] == 0
         assert linker.flush(timeout=30)

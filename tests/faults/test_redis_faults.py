@@ -11,7 +11,7 @@ from redis_server import RedisServer, free_port
 from radixlink.stores import open_store
 from radixlink.stores.faults import FaultyStore
 
-from .kit import TOKENS, assert_exact, make_cache, offload, request
+from .kit import MODEL_NS, TOKENS, assert_exact, make_cache, offload, request
 
 pytestmark = pytest.mark.redis
 OTHER = list(range(300, 340))
@@ -23,10 +23,10 @@ def test_server_killed_during_a_load_then_restarted(redis_url, redis_server, lin
     all counted, nothing raises. The server restarts empty on the same port -> the same store
     objects reconnect: A's stale stored mark is revalidated, its pages offloaded again, and a
     fresh cache C loads them byte-identical."""
-    cache_a = make_cache()
+    cache_a = make_cache(namespace=MODEL_NS)
     linker_a = link(cache_a, open_store(redis_url), revalidate_after_s=0.0)
     offload(cache_a, linker_a)
-    cache_b = make_cache()
+    cache_b = make_cache(namespace=MODEL_NS)
     linker_b = link(cache_b, FaultyStore(open_store(redis_url), delay_ms=800, ops=("get",)))
     assert cache_b.match_prefix(TOKENS, req_id="b1").external_hit_len == 40
     assert linker_b.load("b1")
@@ -47,7 +47,7 @@ def test_server_killed_during_a_load_then_restarted(redis_url, redis_server, lin
     assert request(cache_a, linker_a, TOKENS, "a2")["prefix"] == 40
     assert linker_a.flush(timeout=30)
     assert linker_a.stats()["lost_nodes"] >= 1
-    cache_c = make_cache()
+    cache_c = make_cache(namespace=MODEL_NS)
     result = request(cache_c, link(cache_c, open_store(redis_url)), TOKENS, "c1")
     assert result["ok"] and result["prefix"] == 40, result
     assert_exact(cache_a)
@@ -59,7 +59,7 @@ def test_server_unreachable_at_start_then_up(tmp_path, link) -> None:
     (lookup misses, offloads fail, all counted, nothing raises). Once a server listens on that
     port, the next hit re-offloads and another cache loads the pages."""
     url = f"redis://127.0.0.1:{free_port()}/0"
-    cache_a = make_cache()
+    cache_a = make_cache(namespace=MODEL_NS)
     linker_a = link(cache_a, url)  # a URL: the linker owns (and closes) the store
     started = time.monotonic()
     first = request(cache_a, linker_a, TOKENS, "a1")
@@ -75,7 +75,7 @@ def test_server_unreachable_at_start_then_up(tmp_path, link) -> None:
         assert request(cache_a, linker_a, TOKENS, "a2")["prefix"] == 40
         assert linker_a.flush(timeout=30)
         assert cache_a.match_prefix(TOKENS).last_node.external_cache_stored
-        cache_b = make_cache()
+        cache_b = make_cache(namespace=MODEL_NS)
         result = request(cache_b, link(cache_b, url), TOKENS, "b1")
         assert result["ok"] and result["prefix"] == 40, result
         assert_exact(cache_a)

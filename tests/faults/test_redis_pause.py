@@ -12,14 +12,12 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from redis_server import MISSING_REASON, REDIS_SERVER, RedisServer
+from redis_server import RedisServer
 
 from radixlink.cache import UnifiedCache
 from radixlink.contract import ComponentType
@@ -38,19 +36,6 @@ BUDGET_S, MARGIN_S, MAX_COOLDOWN_S = 0.25, 0.25, 2.0
 PAUSE_S = float(os.environ.get("RADIXLINK_PAUSE_S", "3"))
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    """A server of our own: pausing the session's would stall other tests."""
-    if REDIS_SERVER is None:
-        pytest.skip(MISSING_REASON)
-    pytest.importorskip("redis")
-    server = RedisServer(tmp_path / "redis").start()
-    yield server
-    if server.proc is not None and server.proc.poll() is None:
-        os.kill(server.proc.pid, signal.SIGCONT)
-    server.stop()
 
 
 class TimedCache(UnifiedCache):

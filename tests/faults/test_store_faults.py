@@ -16,7 +16,7 @@ from radixlink.stores.directory import DirectoryStore
 from radixlink.stores.faults import FaultyStore
 from radixlink.stores.memory import MemoryStore
 
-from .kit import LAYOUT, TOKENS, assert_exact, kv_codec, make_cache, offload, request
+from .kit import LAYOUT, MODEL_NS, TOKENS, assert_exact, kv_codec, make_cache, offload, request
 
 
 def _rewrite(store: MemoryStore, fn: Callable[[str, bytes], bytes]) -> int:
@@ -74,10 +74,10 @@ def test_bad_payload_is_a_counted_miss_and_never_enters_the_tree(store, link, ca
     """Pages another layout or format version wrote, foreign or malformed ones, torn or
     corrupt ones: the load fails verification, nothing is published, the engine recomputes."""
     fn, reason = BAD_PAYLOADS[case]
-    cache_a = make_cache()
+    cache_a = make_cache(namespace=MODEL_NS)
     offload(cache_a, link(cache_a, store))
     assert _rewrite(store, fn) == 10
-    cache_b = make_cache()
+    cache_b = make_cache(namespace=MODEL_NS)
     linker_b = link(cache_b, store)
     result = request(cache_b, linker_b, TOKENS, "r")
     _recovered(cache_b, linker_b, result, failures="failures_load")
@@ -100,9 +100,9 @@ def test_bad_payload_is_a_counted_miss_and_never_enters_the_tree(store, link, ca
 def test_injected_get_fault_fails_the_load_only(store, link, knobs, reason) -> None:
     """A store error, a flipped byte or a cut value on get: ok=False with the device prefix,
     the request recomputes, nothing unverified is published."""
-    cache_a = make_cache()
+    cache_a = make_cache(namespace=MODEL_NS)
     offload(cache_a, link(cache_a, store))
-    cache_b = make_cache()
+    cache_b = make_cache(namespace=MODEL_NS)
     linker_b = link(cache_b, FaultyStore(store, **knobs))
     result = request(cache_b, linker_b, TOKENS, "r")
     assert reason in result["reason"]
@@ -111,9 +111,9 @@ def test_injected_get_fault_fails_the_load_only(store, link, knobs, reason) -> N
 
 def test_pages_evicted_between_lookup_and_get_fail_the_load(store, link) -> None:
     """The store evicts after LOOKUP said yes: the get misses, the load aborts cleanly."""
-    cache_a = make_cache()
+    cache_a = make_cache(namespace=MODEL_NS)
     offload(cache_a, link(cache_a, store))
-    cache_b = make_cache()
+    cache_b = make_cache(namespace=MODEL_NS)
     linker_b = link(cache_b, store)
     assert cache_b.match_prefix(TOKENS, req_id="r").external_hit_len == 40
     store.clear()
@@ -126,9 +126,9 @@ def test_pages_evicted_between_lookup_and_get_fail_the_load(store, link) -> None
 
 def test_lookup_error_is_a_miss_and_the_request_recomputes(store, link) -> None:
     """exists() raising StoreError: no external hit, counted, the request computes everything."""
-    cache_a = make_cache()
+    cache_a = make_cache(namespace=MODEL_NS)
     offload(cache_a, link(cache_a, store))
-    cache_b = make_cache()
+    cache_b = make_cache(namespace=MODEL_NS)
     linker_b = link(cache_b, FaultyStore(store, fail=1.0, ops=("exists",)))
     result = request(cache_b, linker_b, TOKENS, "r")
     assert result == {"device": 0, "hit": 0, "prefix": 0, "ok": None, "reason": ""}
@@ -142,9 +142,9 @@ def test_get_slower_than_the_timeout_fails_now_and_frees_later(store, link, via)
     """A get slower than load_timeout_s: wait_load (or poll's expiry) reports ok=False
     "timeout" at the deadline; the reserved slots stay held until the worker returns (no
     write into freed memory), then are freed; nothing is published."""
-    cache_a = make_cache()
+    cache_a = make_cache(namespace=MODEL_NS)
     offload(cache_a, link(cache_a, store))
-    cache_b = make_cache()
+    cache_b = make_cache(namespace=MODEL_NS)
     linker_b = link(cache_b, FaultyStore(store, delay_ms=600, ops=("get",)), load_timeout_s=0.2)
     assert cache_b.match_prefix(TOKENS, req_id="r").external_hit_len == 40
     assert linker_b.load("r")
@@ -169,10 +169,10 @@ def test_get_slower_than_the_timeout_fails_now_and_frees_later(store, link, via)
 def test_late_request_does_not_join_a_timed_out_transfer(store, link) -> None:
     """Flow: request 1's get hangs past the timeout -> it fails; the store recovers; request 2
     for the same pages starts its own transfer (it must not share the doomed one) and loads."""
-    cache_a = make_cache()
+    cache_a = make_cache(namespace=MODEL_NS)
     offload(cache_a, link(cache_a, store))
     faulty = FaultyStore(store, delay_ms=1400, ops=("get",))
-    cache_b = make_cache()
+    cache_b = make_cache(namespace=MODEL_NS)
     linker_b = link(cache_b, faulty, load_timeout_s=0.8)
     cache_b.match_prefix(TOKENS, req_id="r1")
     assert linker_b.load("r1")
@@ -198,13 +198,13 @@ def test_failed_offload_marks_nothing_and_retries_later(store, link, knobs) -> N
     failed, no node is marked stored, a peer loads at most what really reached the store,
     and the next hit after the store recovers offloads again."""
     faulty = FaultyStore(store, **knobs)
-    cache_a = make_cache()
+    cache_a = make_cache(namespace=MODEL_NS)
     linker_a = link(cache_a, faulty)
     request(cache_a, linker_a, TOKENS, "a1")
     assert linker_a.flush(timeout=30)
     assert linker_a.stats()["failures_offload"] == 1
     assert not any(node.external_cache_stored for node in cache_a.tree.iter_nodes())
-    cache_b = make_cache()
+    cache_b = make_cache(namespace=MODEL_NS)
     result = request(cache_b, link(cache_b, store), TOKENS, "b1")
     assert result["ok"] in (None, True) and result["hit"] < 40
     faulty.fail = faulty.enospc = 0.0
@@ -219,7 +219,7 @@ def test_directory_store_out_of_space(tmp_path, link) -> None:
     """A directory store refusing every write (ENOSPC via the fault wrapper): offloads fail
     and are counted, requests are served from device, a peer sees nothing to load."""
     faulty = FaultyStore(DirectoryStore(tmp_path), enospc=1.0)
-    cache_a = make_cache()
+    cache_a = make_cache(namespace=MODEL_NS)
     linker_a = link(cache_a, faulty)
     for i in range(3):
         request(cache_a, linker_a, TOKENS[: 16 + 8 * i], f"r{i}")
@@ -227,7 +227,7 @@ def test_directory_store_out_of_space(tmp_path, link) -> None:
     stats = linker_a.stats()
     assert stats["failures_offload"] >= 1 and stats.get("offloaded_pages", 0) == 0, stats
     assert faulty.stats()["faults"]["enospc"] >= 4 and list(faulty.scan()) == []
-    cache_b = make_cache()
+    cache_b = make_cache(namespace=MODEL_NS)
     assert request(cache_b, link(cache_b, DirectoryStore(tmp_path)), TOKENS, "b")["hit"] == 0
     assert_exact(cache_a)
     assert_exact(cache_b)
@@ -238,7 +238,7 @@ def test_store_directory_turning_unusable_is_a_miss_not_a_crash(tmp_path, link) 
     ENOTDIR/EIO from the backend, not a StoreError): lookups are counted misses, offloads
     fail, revalidation fails, requests are served from device; nothing raises."""
     root = tmp_path / "store"
-    cache = make_cache()
+    cache = make_cache(namespace=MODEL_NS)
     linker = link(cache, DirectoryStore(root), revalidate_after_s=0.0)
     offload(cache, linker)
     shutil.rmtree(root)

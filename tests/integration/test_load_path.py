@@ -37,6 +37,10 @@ class GatedStore(Store):
         self.gated: set[str] = set()
         self.open = threading.Event()
 
+    @property
+    def shared(self) -> bool:  # type: ignore[override]
+        return self.inner.shared
+
     def exists(self, keys: Sequence[str]) -> list[bool]:
         return self.inner.exists(keys)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from faults.kit import PS, assert_exact, kv_matches, make_cache, write_kv
+from faults.kit import MODEL_NS, PS, assert_exact, kv_matches, make_cache, write_kv
 
 from radixlink.contract import InsertParams
 from radixlink.linker.core import ExternalCacheLinker
@@ -108,7 +108,7 @@ def test_soak_threads_through_one_cache_linker_and_redis(redis_url: str, redis_s
     redis_server.cli("config", "set", "maxmemory", "4mb")
     redis_server.cli("config", "set", "maxmemory-policy", "allkeys-lru")
     store = FaultyStore(open_store(redis_url), fail=0.01, corrupt=0.01, seed=7)
-    cache = make_cache(num_tokens=128 * PS)
+    cache = make_cache(num_tokens=128 * PS, namespace=MODEL_NS)
     engine = Engine(ExternalCacheLinker(cache, store, load_timeout_s=5.0))
     stop_at = time.monotonic() + DURATION_S
     threads = [threading.Thread(target=engine.run, args=(i, stop_at)) for i in range(NUM_THREADS)]
