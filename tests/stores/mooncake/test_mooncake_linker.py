@@ -7,7 +7,7 @@ from __future__ import annotations
 import textwrap
 import time
 
-from faults.kit import TOKENS, assert_exact, make_cache, offload, request, run_child
+from faults.kit import MODEL_NS, TOKENS, assert_exact, make_cache, offload, request, run_child
 from mooncake_cluster import MooncakeCluster
 
 from radixlink.linker.breaker import BreakerConfig
@@ -21,7 +21,7 @@ WRITER = textwrap.dedent("""
     import faults.kit as kit
     from radixlink.linker.core import ExternalCacheLinker
 
-    cache = kit.make_cache()
+    cache = kit.make_cache(namespace=kit.MODEL_NS)
     linker = ExternalCacheLinker(cache, sys.argv[1])
     kit.offload(cache, linker)
     linker.close()
@@ -35,7 +35,7 @@ def test_two_processes_share_pages_through_the_cluster(mooncake_url: str, link) 
     holder's segment); here a fresh cache finds all 40 tokens and loads them byte-identical."""
     proc = run_child(WRITER, mooncake_url)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
-    cache = make_cache()
+    cache = make_cache(namespace=MODEL_NS)
     result = request(cache, link(cache, mooncake_url), TOKENS, "reader")
     assert result["ok"] and result["hit"] == 40 and result["prefix"] == 40, result
     assert_exact(cache)
@@ -50,7 +50,7 @@ def test_killed_master_costs_each_match_at_most_the_budget(cluster: MooncakeClus
     recomputing -> the master restarts empty: A's stale stored mark is revalidated (a clean
     miss), its pages offloaded again, and a fresh cache B loads them byte-identical."""
     url = cluster.url(timeout="2")
-    cache_a = make_cache(num_tokens=2048)
+    cache_a = make_cache(num_tokens=2048, namespace=MODEL_NS)
     config = BreakerConfig(budget_s=LOOKUP_BUDGET_S, cooldown_s=0.5)
     linker_a = link(cache_a, url, revalidate_after_s=0.0, breaker=config)
     offload(cache_a, linker_a)
@@ -82,7 +82,7 @@ def test_killed_master_costs_each_match_at_most_the_budget(cluster: MooncakeClus
         again = request(cache_a, linker_a, TOKENS, f"a{time.monotonic()}")
         assert again["prefix"] == 40
         assert linker_a.flush(timeout=30)
-        cache_b = make_cache()
+        cache_b = make_cache(namespace=MODEL_NS)
         result = request(cache_b, link(cache_b, url), TOKENS, "b")
         if result["prefix"] == 40:
             break
