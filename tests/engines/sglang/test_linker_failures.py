@@ -123,6 +123,7 @@ def test_unreachable_store_at_lookup_is_a_miss(file_url, nodes) -> None:
     exception into the scheduler."""
     a = nodes(FULL, file_url, 1)
     a.serve(PROMPT)
-    b = nodes(FULL, faults_url(file_url, fail=1, ops="exists"), 2)
+    b = nodes(FULL, faults_url(file_url, fail=0, ops="exists"), 2)
+    b.linker.store.fail = 1.0  # NOTE: after startup, whose probe would refuse this store
     got = b.restore(PROMPT, "r1")
     assert (got.device_len, got.loaded_len, got.failed) == (0, 0, False)
