@@ -35,20 +35,6 @@ def _replace_root_with_a_file(root: Path) -> None:
     root.write_bytes(b"not a directory")
 
 
-@pytest.fixture
-def nodes():
-    made: list[Node] = []
-
-    def make(shape, url, seed):
-        node = Node(shape, url, seed=seed)
-        made.append(node)
-        return node
-
-    yield make
-    for node in made:
-        node.close()
-
-
 @pytest.mark.parametrize("shape", [FULL, FULL_SWA], ids=["full", "full_swa"])
 def test_linker_entries_never_raise_when_the_store_root_became_a_file(
     tmp_path: Path, nodes, shape
