@@ -67,8 +67,11 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
         kwargs: what SGLang's factory passes to dynamic backends (unused).
 
     Raises:
-        ValueError: a bad or unknown config key, or ``interface_v1`` unset.
-        StoreError: the store is unreachable at startup.
+        ValueError: a bad or unknown config key, or ``interface_v1`` unset (and, at
+            registration, a host pool other than kv / swa / mamba).
+        StoreError: the store is unreachable at startup (one presence check).
+
+    After startup no page or presence call raises into SGLang (``guard.never_raises``).
     """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:

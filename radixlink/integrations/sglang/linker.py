@@ -80,8 +80,11 @@ class RadixlinkLinker(UnifiedCacheLinker):
         forward_stream: the stream the forward writes the device pools on (CUDA), or None.
 
     Raises:
-        ValueError: a bad config key or value, or a pool kind the linker cannot move.
-        StoreError: the store is unreachable at startup.
+        ValueError: a bad config key or value, a pool kind the linker cannot move, or an
+            SGLang whose linker contract has no ``LayerWiseLoadCounter`` (``REFUSED_REVISION``).
+        StoreError: the store is unreachable at startup (one presence check).
+
+    After construction no method raises into SGLang (``guard.never_raises``).
     """
 
     def __init__(
