@@ -79,6 +79,25 @@ def int_at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def number_in(
+    low: float, high: float | None = None, *, low_open: bool = False
+) -> Callable[[str], float]:
+    """An argparse ``type`` accepting finite floats in ``[low, high]`` (``(low, high]`` with
+    ``low_open``); the ranges are ``stores.params.number``'s."""
+    from radixlink.stores.params import number  # NOTE: one range check for URLs and flags
+
+    check = number(low, high, low_open=low_open)
+    allowed = f"{'>' if low_open else '>='} {low:g}" + ("" if high is None else f" and <= {high:g}")
+
+    def parse(text: str) -> float:
+        try:
+            return check(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number {allowed}, got {text!r}") from None
+
+    return parse
+
+
 def one_line(exc: BaseException) -> str:
     """The error message of ``exc`` on one line, with what to do about it (messages that
     carry their own advice after a "; " keep it)."""

@@ -37,13 +37,15 @@ def _floats(text: str) -> list[float]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="radixlink bench cluster", description=__doc__)
+    from radixlink.cli import CommandParser, int_at_least, number_in  # NOTE: argparse helpers
+    positive, above_zero = int_at_least(1), number_in(0, low_open=True)
+    p = CommandParser(prog="radixlink bench cluster", description=__doc__)
     a = p.add_argument
     a("--trace", required=True, help="Mooncake-format JSONL trace")
-    a("--limit", type=int, default=None, help="first N requests only")
-    a("--block-size", type=int, default=512, help="tokens per trace hash id")
-    a("--page-size", type=int, default=512)
-    a("--nodes", type=int, default=8, help="prefill nodes")
+    a("--limit", type=positive, default=None, help="first N requests only")
+    a("--block-size", type=positive, default=512, help="tokens per trace hash id")
+    a("--page-size", type=positive, default=512)
+    a("--nodes", type=positive, default=8, help="prefill nodes")
     a("--device-tokens", default="400K", help="device KV capacity per node (tokens)")
     a("--store-tokens", default="inf", help="store capacity in tokens (LRU) or inf")
     a("--rate-scale", type=_floats, default=[2.0, 3.0, 4.0],
@@ -52,42 +54,43 @@ def _parser() -> argparse.ArgumentParser:
     a("--baseline-loads", choices=("always", "cost"), default="always",
       help="what nodes of the baseline policies load: everything restorable (engines "
            "today) or what the cost model picks; radixlink nodes always use the cost model")
-    a("--slo-ttft", type=float, default=2.0, help="TTFT target (s) for attainment and goodput")
+    a("--slo-ttft", type=above_zero, default=2.0,
+      help="TTFT target (s) for attainment and goodput")
     g = p.add_argument_group("model (default Llama-3-8B, bf16)")
     g.add_argument("--model-name", default=LLAMA3_8B.name)
-    g.add_argument("--params", type=float, default=LLAMA3_8B.num_params)
-    g.add_argument("--vocab", type=int, default=LLAMA3_8B.vocab_size)
-    g.add_argument("--hidden", type=int, default=LLAMA3_8B.hidden_size)
-    g.add_argument("--layers", type=int, default=LLAMA3_8B.num_layers)
-    g.add_argument("--heads", type=int, default=LLAMA3_8B.num_heads)
-    g.add_argument("--kv-heads", type=int, default=LLAMA3_8B.num_kv_heads)
-    g.add_argument("--head-dim", type=int, default=LLAMA3_8B.head_dim)
-    g.add_argument("--dtype-bytes", type=int, default=LLAMA3_8B.dtype_bytes)
+    g.add_argument("--params", type=above_zero, default=LLAMA3_8B.num_params)
+    g.add_argument("--vocab", type=positive, default=LLAMA3_8B.vocab_size)
+    g.add_argument("--hidden", type=positive, default=LLAMA3_8B.hidden_size)
+    g.add_argument("--layers", type=positive, default=LLAMA3_8B.num_layers)
+    g.add_argument("--heads", type=positive, default=LLAMA3_8B.num_heads)
+    g.add_argument("--kv-heads", type=positive, default=LLAMA3_8B.num_kv_heads)
+    g.add_argument("--head-dim", type=positive, default=LLAMA3_8B.head_dim)
+    g.add_argument("--dtype-bytes", type=positive, default=LLAMA3_8B.dtype_bytes)
     g = p.add_argument_group("GPU and links (default H100 SXM5; store over 100 GbE)")
     g.add_argument("--gpu-name", default=H100_SXM.name)
-    g.add_argument("--peak-tflops", type=float, default=H100_SXM.peak_flops / 1e12)
-    g.add_argument("--gemm-mfu", type=float, default=0.6)
-    g.add_argument("--attn-mfu", type=float, default=0.5)
-    g.add_argument("--pass-overhead-ms", type=float, default=5.0)
+    g.add_argument("--peak-tflops", type=above_zero, default=H100_SXM.peak_flops / 1e12)
+    g.add_argument("--gemm-mfu", type=number_in(0, 1, low_open=True), default=0.6)
+    g.add_argument("--attn-mfu", type=number_in(0, 1, low_open=True), default=0.5)
+    g.add_argument("--pass-overhead-ms", type=number_in(0), default=5.0)
     g.add_argument("--store-gbps", type=_floats, default=[10.0],
                    help="store -> device GB/s (comma list of tiers to compare; 0 = no store)")
-    g.add_argument("--store-latency-ms", type=float, default=1.0)
-    g.add_argument("--peer-gbps", type=float, default=None,
+    g.add_argument("--store-latency-ms", type=number_in(0), default=1.0)
+    g.add_argument("--peer-gbps", type=number_in(0), default=None,
                    help="device -> device GB/s between nodes (default: as the store; 0 = off)")
-    g.add_argument("--peer-latency-ms", type=float, default=None)
-    g.add_argument("--offload-gbps", type=float, default=None,
+    g.add_argument("--peer-latency-ms", type=number_in(0), default=None)
+    g.add_argument("--offload-gbps", type=number_in(0), default=None,
                    help="device -> store GB/s (default: as the store)")
-    g.add_argument("--noise", type=float, default=0.1,
+    g.add_argument("--noise", type=number_in(0), default=0.1,
                    help="sigma of a log-normal factor on every prefill and transfer")
-    g.add_argument("--hide", type=float, default=HIDE,
+    g.add_argument("--hide", type=number_in(0), default=HIDE,
                    help="share of a node's expected queue the cost model lets a load hide "
                    "behind (0 = a load must beat recompute on its own)")
-    g.add_argument("--prior-scale", type=float, default=1.0,
+    g.add_argument("--prior-scale", type=above_zero, default=1.0,
                    help="estimates start with times x this (then learn from observations)")
     a("--seeds", default="0", help="comma list of noise seeds; each cell is run once per seed "
       "and reported as the mean (min-max)")
     a("--hash-algo", choices=("sha256", "xxh3"), default="xxh3")
-    a("--threads", type=int, default=1, help="torch intra-op threads")
+    a("--threads", type=positive, default=1, help="torch intra-op threads")
     a("--json", metavar="PATH", default=None)
     a("--plot", metavar="PREFIX", default=None,
       help="write PREFIX_cdf.png and PREFIX_attainment.png")

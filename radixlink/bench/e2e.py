@@ -70,19 +70,21 @@ def plot_cdf(results: Sequence[dict[str, Any]], path: str, title: str) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="radixlink bench e2e", description=__doc__)
-    p.add_argument("--nodes", type=int, default=2)
+    from radixlink.cli import CommandParser, int_at_least  # NOTE: argparse helpers only
+    positive = int_at_least(1)
+    p = CommandParser(prog="radixlink bench e2e", description=__doc__)
+    p.add_argument("--nodes", type=positive, default=2)
     p.add_argument("--model", choices=MODEL_NAMES, default="smollm2-135m")
-    p.add_argument("--conversations", type=int, default=4)
-    p.add_argument("--turns", type=int, default=3)
-    p.add_argument("--max-new-tokens", type=int, default=8)
-    p.add_argument("--context-tokens", type=int, default=1100)
-    p.add_argument("--system-prompts", type=int, default=2)
+    p.add_argument("--conversations", type=positive, default=4)
+    p.add_argument("--turns", type=positive, default=3)
+    p.add_argument("--max-new-tokens", type=positive, default=8)
+    p.add_argument("--context-tokens", type=positive, default=1100)
+    p.add_argument("--system-prompts", type=positive, default=2)
     p.add_argument("--store", default=None, help="shared store URL (default: a fresh "
                    "directory store in a temp dir)")
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--device-tokens", type=int, default=16384)
-    p.add_argument("--threads", type=int, default=0, help="torch threads per node")
+    p.add_argument("--page-size", type=positive, default=16)
+    p.add_argument("--device-tokens", type=positive, default=16384)
+    p.add_argument("--threads", type=int_at_least(0), default=0, help="torch threads per node")
     p.add_argument("--modes", default="off,device,store", help="comma-separated subset")
     p.add_argument("--plot", metavar="PATH", default=None, help="PNG of TTFT CDFs")
     return add_common_args(p)

@@ -5,7 +5,6 @@ Owns only this benchmark; measures radixlink.hashing through its public API.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import platform
@@ -113,11 +112,13 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="radixlink bench hash", description=__doc__)
-    parser.add_argument("--num-tokens", type=int, default=65536, help="tokens hashed per call")
-    parser.add_argument("--page-sizes", type=int, nargs="+", default=[16, 64])
-    parser.add_argument("--rounds", type=int, default=50, help="timed rounds; best is kept")
-    parser.add_argument("--seed", type=int, default=0)
+    from radixlink.cli import CommandParser, int_at_least  # NOTE: argparse helpers only
+    positive = int_at_least(1)
+    parser = CommandParser(prog="radixlink bench hash", description=__doc__)
+    parser.add_argument("--num-tokens", type=positive, default=65536, help="tokens hashed per call")
+    parser.add_argument("--page-sizes", type=positive, nargs="+", default=[16, 64])
+    parser.add_argument("--rounds", type=positive, default=50, help="timed rounds; best is kept")
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--json", type=Path, default=None, help="write results to this file")
     args = parser.parse_args(argv)
     if args.num_tokens <= 0 or args.rounds <= 0 or min(args.page_sizes) <= 0:

@@ -101,15 +101,17 @@ def _measure(
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="radixlink bench memory", description=__doc__)
-    parser.add_argument("--mib", type=int, default=128, help="MiB moved per measurement")
-    parser.add_argument("--repeat", type=int, default=9, help="timed rounds (best is kept)")
-    parser.add_argument("--num-layers", type=int, default=4)
-    parser.add_argument("--num-kv-heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=128)
+    from radixlink.cli import CommandParser, int_at_least  # NOTE: argparse helpers only
+    positive = int_at_least(1)
+    parser = CommandParser(prog="radixlink bench memory", description=__doc__)
+    parser.add_argument("--mib", type=positive, default=128, help="MiB moved per measurement")
+    parser.add_argument("--repeat", type=positive, default=9, help="timed rounds (best is kept)")
+    parser.add_argument("--num-layers", type=positive, default=4)
+    parser.add_argument("--num-kv-heads", type=positive, default=8)
+    parser.add_argument("--head-dim", type=positive, default=128)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--page-sizes", type=int, nargs="+", default=list(PAGE_SIZES))
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--page-sizes", type=positive, nargs="+", default=list(PAGE_SIZES))
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
     add_common_args(parser)
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)

@@ -6,7 +6,6 @@ Owns only the side-by-side driver. SGLang runs in its own venv through the peers
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import statistics
@@ -57,7 +56,9 @@ def _sglang(python: Path, script: Path, impl: str, ps: int, cap: int, n: int) ->
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="radixlink bench peers", description=__doc__)
+    from radixlink.cli import CommandParser, int_at_least  # NOTE: argparse helpers only
+    positive = int_at_least(1)
+    parser = CommandParser(prog="radixlink bench peers", description=__doc__)
     parser.add_argument(
         "--peers-dir",
         type=Path,
@@ -71,10 +72,10 @@ def main(argv: list[str]) -> int:
         help="venv with SGLang (made by the peers' setup_peer_venvs.sh)",
     )
     parser.add_argument("--impl", default="radix,unified-py,unified-rust")
-    parser.add_argument("--page-size", type=int, default=16)
-    parser.add_argument("--capacity", type=int, default=262144)
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=3, help="turns of every implementation")
+    parser.add_argument("--page-size", type=positive, default=16)
+    parser.add_argument("--capacity", type=positive, default=262144)
+    parser.add_argument("--requests", type=positive, default=2000)
+    parser.add_argument("--rounds", type=positive, default=3, help="turns of every implementation")
     add_common_args(parser)
     args = parser.parse_args(argv)
     script = args.peers_dir / "sglang_radix_bench.py"

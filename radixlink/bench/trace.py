@@ -174,23 +174,25 @@ def _split(values: list[str] | None, default: str) -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="radixlink bench trace", description=__doc__)
+    from radixlink.cli import CommandParser, int_at_least  # NOTE: argparse helpers only
+    positive = int_at_least(1)
+    p = CommandParser(prog="radixlink bench trace", description=__doc__)
     p.add_argument("--trace", required=True, help="Mooncake-format JSONL trace")
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--block-size", type=int, default=512, help="tokens per trace hash id")
+    p.add_argument("--page-size", type=positive, default=16)
+    p.add_argument("--block-size", type=positive, default=512, help="tokens per trace hash id")
     p.add_argument("--capacity", action="append", metavar="TOKENS|inf",
                    help="device capacity per node (repeatable or comma list; default inf)")
-    p.add_argument("--nodes", action="append", type=int, help="engine nodes (repeatable)")
+    p.add_argument("--nodes", action="append", type=positive, help="engine nodes (repeatable)")
     p.add_argument("--route", choices=("round-robin", "hash"), default="round-robin")
     p.add_argument("--mode", action="append", choices=("local", "shared", "both"),
                    help="local device caches, or + one shared store (default both)")
     p.add_argument("--store-capacity", default="inf", metavar="TOKENS|inf")
-    p.add_argument("--limit", type=int, default=None, help="first N requests only")
+    p.add_argument("--limit", type=positive, default=None, help="first N requests only")
     p.add_argument("--hash-algo", choices=("sha256", "xxh3"), default="sha256")
-    p.add_argument("--ref-bytes-per-token", type=int, default=REF_BYTES_PER_TOKEN,
+    p.add_argument("--ref-bytes-per-token", type=positive, default=REF_BYTES_PER_TOKEN,
                    help=f"bytes per token for 'bytes that would move' (default: {REF_MODEL})")
-    p.add_argument("--seed", type=int, default=0, help="seed of the block tokens")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the block tokens")
+    p.add_argument("--threads", type=positive, default=1, help="torch intra-op threads")
     p.add_argument("--json", metavar="PATH", default=None)
     p.add_argument("--plot", metavar="PATH", default=None, help="PNG: hit ratio vs capacity")
     p.add_argument("--no-progress", action="store_true")

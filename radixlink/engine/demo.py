@@ -37,15 +37,20 @@ def faults_url(inner: str, faults: str, seed: int) -> str:
     Raises:
         ValueError: an unknown knob or a malformed value.
     """
+    from radixlink.stores.faults import PARAMS  # NOTE: the ranges faults:// itself checks
+
     params = [f"inner={quote(inner, safe='')}", f"seed={seed}"]
     for part in filter(None, faults.split(",")):
-        name, _, value = part.partition("=")
-        if name.strip() not in FAULT_KNOBS:
-            raise ValueError(f"unknown fault {name!r} in --faults {faults!r}; use {FAULT_KNOBS}")
+        name, _, value = (text.strip() for text in part.partition("="))
+        if name not in FAULT_KNOBS:
+            raise ValueError(f"--faults: unknown fault {name!r} in {faults!r}; use "
+                             f"{', '.join(FAULT_KNOBS)}")
         try:
-            params.append(f"{name.strip()}={float(value)}")
+            parsed = PARAMS[name].parse(value)
         except ValueError:
-            raise ValueError(f"--faults {part!r}: the value must be a number") from None
+            raise ValueError(f"--faults: {name}={value!r} is out of range; expected "
+                             f"{PARAMS[name].allowed}") from None
+        params.append(f"{name}={parsed}")
     return "faults://?" + "&".join(params)
 
 
@@ -162,11 +167,9 @@ def _check_store(url: str) -> None:
     Raises:
         ValueError: a bad URL. StoreError: the store is unreachable.
     """
-    from radixlink.contract import PoolName
-    from radixlink.stores import open_store, page_key
+    from radixlink.stores.registry import open_reachable_store
 
-    with open_store(url) as store:
-        store.exists([page_key("", "0" * 64, PoolName.KV)])  # one round trip (Redis)
+    open_reachable_store(url).close()
 
 
 def _report(args: argparse.Namespace, on: Records, off: Records,

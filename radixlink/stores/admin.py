@@ -10,7 +10,7 @@ import sys
 from collections import Counter
 
 from radixlink.stores.base import Store
-from radixlink.stores.keys import KEY_PREFIX, namespace_of
+from radixlink.stores.keys import KEY_PREFIX, is_page_key, namespace_of
 from radixlink.stores.registry import open_store
 
 FOREIGN = "(not radixlink)"
@@ -24,13 +24,29 @@ def _human(num_bytes: float) -> str:
     raise AssertionError("unreachable")
 
 
+def printable(text: str) -> str:
+    """``text`` safe for a terminal: backslash and every non-printable character (escape
+    sequences, control characters, newlines) as a Python-style escape. Keys come from anyone
+    who can write the store, so they are never printed raw."""
+    return "".join(ch if ch.isprintable() and ch != "\\" else _escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if ch == "\\":
+        return "\\\\"
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 def _prefix(namespace: str | None) -> str:
     return f"{KEY_PREFIX}{namespace}/" if namespace is not None else ""
 
 
 def _stats(store: Store, args: argparse.Namespace) -> int:
     for name, value in store.stats().items():
-        print(f"{name:>18}: {value}")
+        print(f"{name:>18}: {printable(str(value))}")
     pages: Counter[str] = Counter()
     sizes: Counter[str] = Counter()
     for key, size in store.scan(_prefix(args.namespace)):
@@ -39,7 +55,7 @@ def _stats(store: Store, args: argparse.Namespace) -> int:
         sizes[namespace] += size
     print(f"\n{'namespace':<40} {'pages':>10} {'bytes':>12}")
     for namespace, count in pages.most_common():
-        print(f"{namespace:<40} {count:>10} {_human(sizes[namespace]):>12}")
+        print(f"{printable(namespace):<40} {count:>10} {_human(sizes[namespace]):>12}")
     print(f"{'total':<40} {sum(pages.values()):>10} {_human(sum(sizes.values())):>12}")
     return 0
 
@@ -50,7 +66,7 @@ def _ls(store: Store, args: argparse.Namespace) -> int:
         if shown >= args.limit:
             print(f"... (more; raise --limit, now {args.limit})")
             break
-        print(f"{size:>12}  {key}")
+        print(f"{size:>12}  {printable(key)}")
         shown += 1
     return 0
 
@@ -65,7 +81,7 @@ def _gc(store: Store, args: argparse.Namespace) -> int:
 def _clear(store: Store, args: argparse.Namespace) -> int:
     prefix = _prefix(args.namespace)  # NOTE: "" (the whole store) only with --all
     if not args.yes:
-        num_pages = sum(1 for _ in store.scan(prefix))
+        num_pages = sum(1 for key, _ in store.scan(prefix) if is_page_key(key))
         what = "the whole store" if args.all else f"namespace {args.namespace}"
         print(f"would delete {num_pages} pages of {what}; pass --yes to do it", file=sys.stderr)
         return 2

@@ -10,6 +10,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
+from radixlink.stores.keys import is_page_key
+
 _S = TypeVar("_S", bound="Store")
 
 
@@ -127,9 +129,14 @@ class Store(ABC):
         return 0
 
     def clear(self, prefix: str = "") -> int:
-        """Delete every key starting with ``prefix``; returns how many were removed."""
+        """Delete every radixlink page key starting with ``prefix``; returns how many were
+        removed. Keys that are not radixlink's (``parse_key`` refuses them: other software on
+        a shared Redis db, foreign files in the directory) are never deleted, whatever the
+        prefix, even ``""``."""
         removed, batch = 0, []
         for key, _ in self.scan(prefix):
+            if not is_page_key(key):
+                continue
             batch.append(key)
             if len(batch) >= 1024:
                 removed += self.delete(batch)

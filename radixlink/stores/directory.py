@@ -34,9 +34,11 @@ TOUCH_AFTER_S = 600.0  # a read refreshes a page's mtime at most this often
 _SPACE_ERRORS = (errno.ENOSPC, errno.EDQUOT)
 
 PARAMS = {
-    "capacity": Param(size(1), parse_size(DEFAULT_CAPACITY), "a size > 0 such as 50GiB"),
+    "capacity": Param(
+        size(1), parse_size(DEFAULT_CAPACITY), "a size from 1 byte to 8 EiB, such as 50GiB"
+    ),
     "max_page_bytes": Param(
-        size(64), parse_size(DEFAULT_MAX_PAGE), "a size >= 64 bytes such as 64MiB"
+        size(64), parse_size(DEFAULT_MAX_PAGE), "a size from 64 bytes to 8 EiB, such as 64MiB"
     ),
     "min_free": Param(
         size_or_percent(50.0), None, "a size such as 10GiB, or 0% to 50% of the filesystem"
@@ -150,11 +152,14 @@ class DirectoryStore(Store):
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         # NOTE: an lstat per key rather than the index: other processes write here too.
-        sizes = [
-            pagefiles.page_size_on_disk(path, self.max_page_bytes)
-            if self._leaf_state(path) == "ok" else None
-            for path in map(self.path_of, keys)
-        ]
+        try:
+            sizes = [
+                pagefiles.page_size_on_disk(path, self.max_page_bytes)
+                if self._leaf_state(path) == "ok" else None
+                for path in map(self.path_of, keys)
+            ]
+        except OSError as exc:
+            raise self._unusable("exists", exc) from exc
         self._index.observe(keys, sizes, touch=False)
         return [size is not None for size in sizes]
 
@@ -312,7 +317,16 @@ class DirectoryStore(Store):
                 removed += 1
             except FileNotFoundError:
                 pass
+            except OSError as exc:
+                raise self._unusable("unlink", exc) from exc
         return removed
+
+    def _unusable(self, op: str, exc: OSError) -> StoreError:
+        """The ``StoreError`` of an OS error that is not "missing" (the ``Store`` contract:
+        never a raw ``OSError`` into the linker or an engine)."""
+        return StoreError(f"{op} in the directory store {self.root!r} failed: "
+                          f"{type(exc).__name__}: {exc.strerror or exc}; check that the "
+                          "directory is still there, mounted and writable")
 
     def _leaf_state(self, path: str) -> str:
         """``"ok"`` when the page's two shard directories are real directories, ``"missing"``
@@ -325,7 +339,9 @@ class DirectoryStore(Store):
             try:
                 mode = os.lstat(directory).st_mode
             except FileNotFoundError:
-                return "missing"  # NOTE: other errors (the root became a file) propagate
+                return "missing"
+            except OSError as exc:  # the root became a file, EIO, EACCES: the store is unusable
+                raise self._unusable("lstat", exc) from exc
             if not stat.S_ISDIR(mode):
                 return "unsafe"
         self._safe_leaves.add(leaf)
@@ -348,6 +364,12 @@ class DirectoryStore(Store):
         """Yield ``(path, file name, size, mtime)`` of every page file (regular files up to
         ``max_page_bytes``; links and other files are not pages); optionally delete temp
         files whose writer is dead or that are older than ``STALE_TEMP_S``."""
+        try:
+            yield from self._walk_pages(remove_temps)
+        except OSError as exc:
+            raise self._unusable("scan", exc) from exc
+
+    def _walk_pages(self, remove_temps: bool) -> Iterator[tuple[str, str, int, float]]:
         now = time.time()
         for level1 in pagefiles.subdirs(self.root, name_len=2):
             for level2 in pagefiles.subdirs(level1, name_len=1):

@@ -76,6 +76,11 @@ def parse_key(key: str) -> KeyParts | None:
     )
 
 
+def is_page_key(key: str) -> bool:
+    """Whether ``key`` is a radixlink page key (the only keys radixlink may delete)."""
+    return key.isascii() and parse_key(key) is not None
+
+
 def namespace_of(key: str) -> str | None:
     """The namespace id of a radixlink key, or None for a foreign key."""
     parts = parse_key(key)

@@ -16,7 +16,9 @@ from radixlink.stores.registry import parse_size, split_url
 
 DEFAULT_CAPACITY = "2GiB"
 PARAMS = {
-    "capacity": Param(size(1), parse_size(DEFAULT_CAPACITY), "a size > 0 such as 2GiB"),
+    "capacity": Param(
+        size(1), parse_size(DEFAULT_CAPACITY), "a size from 1 byte to 8 EiB, such as 2GiB"
+    ),
     "auth": AUTH,
 }
 

@@ -94,14 +94,14 @@ def _open_page(path: str, max_bytes: int) -> tuple[int, os.stat_result]:
         fd = os.open(path, READ_FLAGS)
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # the page name is a symlink
-            raise NotAPage(exc.errno, "a symlink under a page name") from None
+            raise NotAPage(exc.errno, "a symlink (never followed)") from None
         raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise NotAPage(0, "not a regular file")
+            raise NotAPage(0, "not a regular file (a FIFO, device or directory)")
         if st.st_size > max_bytes:
-            raise NotAPage(0, f"{st.st_size} bytes, over max_page_bytes={max_bytes}")
+            raise NotAPage(0, f"{st.st_size} bytes, over the limit of {max_bytes}")
     except BaseException:
         os.close(fd)
         raise
@@ -168,10 +168,13 @@ def check_root(root: str) -> str:
     """The absolute store root for ``root`` (``~`` expanded).
 
     Raises:
-        ValueError: the path is under /proc, /sys or /dev (also through a link), or exists
-            and is not a directory.
+        ValueError: the path is the filesystem root, is under /proc, /sys or /dev (also
+            through a link), or exists and is not a directory.
     """
     path = os.path.abspath(os.path.expanduser(root))
+    if os.path.realpath(path) == "/":
+        raise ValueError("store directory '/' is the filesystem root; a store needs a directory "
+                         "of its own, e.g. file:///var/cache/radixlink/store")
     for candidate in (path, os.path.realpath(path)):
         for forbidden in FORBIDDEN_ROOTS:
             if candidate == forbidden or candidate.startswith(forbidden + "/"):

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from radixlink.stores.pagefiles import NotAPage, read_page
 from radixlink.stores.seal import DEFAULT_MAC, MAC_IDS, PageSecret, check_mac
 
 MAX_SECRET_FILE_BYTES = 4096
@@ -138,16 +139,7 @@ def secret_ref(value: str) -> bytes:
                              f"or empty; set it to the page secret ({fix})")
         secret = found.encode()
     elif kind == "file" and where.startswith("/"):
-        try:
-            with open(where, "rb") as f:
-                secret = f.read(MAX_SECRET_FILE_BYTES + 1)
-        except OSError as exc:
-            raise ValueError(f"auth=file:{where}: cannot read the secret file: "
-                             f"{exc.strerror or exc}") from None
-        if len(secret) > MAX_SECRET_FILE_BYTES:
-            raise ValueError(f"auth=file:{where}: the secret file is larger than "
-                             f"{MAX_SECRET_FILE_BYTES} bytes; is it the right file?")
-        secret = secret.rstrip(b"\r\n")
+        secret = _read_secret_file(where).rstrip(b"\r\n")
     else:
         raise ValueError("auth must be env:VARNAME or file:/absolute/path (the secret itself "
                          "never goes in a URL)")
@@ -155,6 +147,21 @@ def secret_ref(value: str) -> bytes:
         raise ValueError(f"auth={kind}:{where}: the secret is {len(secret)} bytes; use at least "
                          f"{MIN_SECRET_BYTES} ({fix})")
     return secret
+
+
+def _read_secret_file(path: str) -> bytes:
+    """The secret file at ``path``, opened as untrusted input like a page file: no symlink
+    followed at its name, no blocking open (a FIFO), a regular file of at most
+    ``MAX_SECRET_FILE_BYTES`` (checked with ``fstat`` before reading)."""
+    try:
+        return read_page(path, MAX_SECRET_FILE_BYTES, None)
+    except NotAPage as exc:
+        raise ValueError(f"auth=file:{path}: refused: {exc.strerror}; the secret must be a "
+                         f"regular file of at most {MAX_SECRET_FILE_BYTES} bytes (name the "
+                         "link's target itself, e.g. its realpath)") from None
+    except OSError as exc:
+        raise ValueError(f"auth=file:{path}: cannot read the secret file: "
+                         f"{exc.strerror or exc}") from None
 
 
 AUTH = Param(secret_ref, None, "env:VARNAME or file:/absolute/path", secret=True)
@@ -217,7 +224,8 @@ def read_params(
         except ValueError as exc:
             if param.secret:  # NOTE: secret parsers word their own messages, without the value
                 raise ValueError(f"{scheme}:// store URL: {exc}") from None
-            raise ValueError(f"{scheme}:// store URL: parameter {name}={raw!r} is invalid; "
+            shown = raw if len(raw) <= 40 else f"{raw[:40]}... ({len(raw)} characters)"
+            raise ValueError(f"{scheme}:// store URL: parameter {name}={shown!r} is invalid; "
                              f"expected {param.allowed}") from None
     if "auth" in spec:
         out["auth"] = _sealed(scheme, out["auth"], out["mac"])

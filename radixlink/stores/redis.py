@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence, Sized
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
@@ -26,7 +27,6 @@ from radixlink.stores.params import (
     integer,
     number,
     read_params,
-    text,
 )
 from radixlink.stores.registry import split_url
 
@@ -41,6 +41,14 @@ BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 0.5
 _SCAN_BATCH = 1000
 _SECONDS = "seconds, > 0 and at most 300"
+MAX_TTL_S = 100 * 365 * 86400  # NOTE: Redis refuses an EX past ~2**63 ms; 100 years is plenty
+
+
+def _client_name(value: str) -> str:
+    # NOTE: Redis's CLIENT SETNAME refuses spaces, newlines and anything outside '!'..'~'
+    if not value or any(not "!" <= ch <= "~" for ch in value):
+        raise ValueError(value)
+    return value
 
 
 def _existing_path(value: str) -> str:
@@ -50,7 +58,7 @@ def _existing_path(value: str) -> str:
 
 
 STORE_PARAMS: dict[str, Param] = {
-    "ttl": Param(integer(1), None, "an int >= 1 (seconds)"),
+    "ttl": Param(integer(1, MAX_TTL_S), None, f"an int from 1 to {MAX_TTL_S} (seconds)"),
     "retries": Param(integer(0, 10), DEFAULT_RETRIES, "an int from 0 to 10"),
     "auth": AUTH,
 }
@@ -62,7 +70,8 @@ CLIENT_PARAMS: dict[str, Param] = {
     "socket_keepalive": Param(boolean, None, "true or false"),
     "health_check_interval": Param(integer(0, 3600), None, "an int from 0 to 3600 (seconds)"),
     "max_connections": Param(integer(1, 1 << 16), None, "an int from 1 to 65536"),
-    "client_name": Param(text, None, "a non-empty name"),
+    "client_name": Param(_client_name, None,
+                         "a non-empty name of printable ASCII without spaces (CLIENT SETNAME)"),
 }
 DB_PARAM = {"db": Param(integer(0), None, "an int >= 0")}
 TLS_PARAMS: dict[str, Param] = {
@@ -103,11 +112,48 @@ def client_url_and_options(
         refused.update(dict.fromkeys(TLS_PARAMS, tls_hint))
     if cluster:
         refused["db"] = "a Redis Cluster has database 0 only"
+    db = _check_location(url_scheme, client_scheme, rest, cluster=cluster)
+    if db is not None and "db" in params:
+        raise ValueError(f"{url_scheme}:// store URL: the path names database {db} and "
+                         f"db={params['db']!r} names another; keep one (e.g. "
+                         f"{url_scheme}://host:6379/{db})")
     options = read_params(url_scheme, params, spec, refused)
     kwargs = {name: options[name] for name in spec if name not in STORE_PARAMS}
     kwargs = {name: value for name, value in kwargs.items() if value is not None}
     store_options = {name: options[name] for name in STORE_PARAMS}
     return f"{client_scheme}://{rest}", kwargs, store_options
+
+
+def _check_location(
+    url_scheme: str, client_scheme: str, rest: str, *, cluster: bool
+) -> int | None:
+    """Check the ``host:port/db`` part of a TCP Redis URL; the database the path names, or
+    None. redis-py would read a bad path as database 0 and a bad port only at connect time.
+
+    Raises:
+        ValueError: a port outside 1..65535, or a path that is not a database number (or
+            any path on a cluster URL), naming the URL part.
+    """
+    if client_scheme == "unix":
+        return None  # NOTE: the path is the socket; the database comes from ?db=
+    location, _, path = rest.partition("/")
+    netloc = location.rpartition("@")[2]
+    try:
+        port = urlsplit(f"//{netloc}").port
+    except ValueError:
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"{url_scheme}:// store URL: the port in {netloc!r} must be an int "
+                         f"from 1 to 65535; e.g. {url_scheme}://127.0.0.1:6379")
+    if not path:
+        return None
+    if cluster:
+        raise ValueError(f"{url_scheme}:// store URL: path /{path} is not allowed: a Redis "
+                         f"Cluster has database 0 only; write {url_scheme}://{netloc}")
+    if not path.isdigit() or not path.isascii():
+        raise ValueError(f"{url_scheme}:// store URL: path /{path} is not a database number; "
+                         f"write {url_scheme}://{netloc}/0 (an int >= 0) or leave the path out")
+    return int(path)
 
 
 def make_retry(retries: int) -> Retry:
@@ -284,7 +330,9 @@ class RedisStore(Store):
         for key in keys:
             pipe.strlen(key)
         for key, size in zip(keys, pipe.execute(), strict=True):
-            yield key.decode(), int(size)
+            # NOTE: foreign keys may be any bytes; surrogateescape keeps them listable (never
+            # a radixlink key: those are ASCII) instead of failing the whole scan
+            yield key.decode("utf-8", "surrogateescape"), int(size)
 
     def _count(self, **deltas: int) -> None:
         with self._lock:

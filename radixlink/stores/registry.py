@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import re
+from decimal import Decimal
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
@@ -35,6 +36,8 @@ _UNITS = {
     "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }  # fmt: skip
+MAX_SIZE = 2**63 - 1  # bytes: what file sizes and Redis's maxmemory can express
+_MAX_SIZE_TEXT = 64  # characters: no size needs more
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -46,14 +49,21 @@ def parse_size(text: str | int) -> int:
         ValueError: the text is not a size.
     """
     if isinstance(text, int):
-        if text < 0:
-            raise ValueError(f"size must be >= 0, got {text}")
+        if not 0 <= text <= MAX_SIZE:
+            raise ValueError(f"size must be from 0 to {MAX_SIZE} bytes, got {text}")
         return text
-    match = _SIZE_RE.match(text)
+    match = _SIZE_RE.match(text) if len(text) <= _MAX_SIZE_TEXT else None
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
-        raise ValueError(f"cannot parse size {text!r}; use e.g. 2GiB, 500MB or 1024")
-    return int(float(match.group(1)) * _UNITS[unit])
+        raise ValueError(f"cannot parse size {text[:_MAX_SIZE_TEXT]!r}; use e.g. 2GiB, 500MB "
+                         "or 1024")
+    # NOTE: exact decimal arithmetic, not float: "1.1GB" is 1100000000 bytes and 400 nines
+    # are a clean ValueError, not an OverflowError from int(inf)
+    value = int(Decimal(match.group(1)) * _UNITS[unit])
+    if value > MAX_SIZE:
+        raise ValueError(f"size {text.strip()[:40]!r} is larger than {MAX_SIZE} bytes (8 EiB); "
+                         "use a real capacity such as 50GiB")
+    return value
 
 
 def redact(url: str) -> str:
@@ -76,19 +86,27 @@ def split_url(url: str) -> tuple[str, str, dict[str, str]]:
         raise ValueError(f"store URL {redact(url)!r} has no scheme; known schemes: "
                          f"{', '.join(STORES)} (e.g. file:///var/cache/radixlink)")
     scheme, rest = url.split("://", 1)
+    scheme = scheme.lower()
     rest, _, query = rest.partition("?")
+    if "\x00" in unquote(rest):
+        raise ValueError(f"{scheme}:// store URL: the location (host, port or path) "
+                         f"{redact(scheme + '://' + rest)!r} contains a NUL byte (%00); "
+                         "remove it")
     params: dict[str, str] = {}
     for part in query.split("&") if query else ():
         if not part:
             continue
         # NOTE: unquote, not parse_qs: '+' stays '+' (redis+cluster:// in a nested URL).
         name, _, value = part.partition("=")
-        name = unquote(name)
+        name, value = unquote(name), unquote(value)
+        if "\x00" in name or "\x00" in value:
+            raise ValueError(f"{scheme}:// store URL: parameter {name.split(chr(0))[0]!r} "
+                             "contains a NUL byte (%00); remove it")
         if name in params:
-            raise ValueError(f"{scheme.lower()}:// store URL: parameter {name!r} is given "
+            raise ValueError(f"{scheme}:// store URL: parameter {name!r} is given "
                              "twice; keep one")
-        params[name] = unquote(value)
-    return scheme.lower(), rest, params
+        params[name] = value
+    return scheme, rest, params
 
 
 def open_store(url: str, *, read_only: bool = False) -> Store:
@@ -120,4 +138,27 @@ def open_store(url: str, *, read_only: bool = False) -> Store:
             raise
         raise ImportError(f"store {scheme}:// needs the {exc.name!r} package: {install}") from exc
     store: Store = getattr(module, class_name).from_url(url, read_only=read_only)
+    return store
+
+
+def open_reachable_store(url: str) -> Store:
+    """``open_store(url)``, then one presence check (one round trip), so that an unreachable
+    or unusable store fails here, at startup, rather than as silent misses later.
+
+    Raises:
+        ValueError, ImportError: as ``open_store``.
+        StoreError: the store cannot be opened or does not answer (the message names the
+            URL without its query or password); the store is closed.
+    """
+    from radixlink.errors import StoreError
+    from radixlink.stores.keys import page_key
+
+    store = open_store(url)
+    try:
+        store.exists([page_key("", "0" * 64, "kv")])
+    except Exception as exc:  # noqa: BLE001 - whatever the backend raised, the store is unusable
+        store.close()
+        raise StoreError(f"the store at {redact(url)} is unreachable at startup: "
+                         f"{' '.join(str(exc).split())}; check that it is up and that the URL "
+                         "is right") from exc
     return store

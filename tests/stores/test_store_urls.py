@@ -25,7 +25,7 @@ BAD_URLS = [
     ("redis://127.0.0.1:6379/0?retry_on_timeout=true", ["retry_on_timeout", "retries="]),
     ("redis://127.0.0.1:6379/0?retries=-1", ["retries", "'-1'", "0 to 10"]),
     ("redis://127.0.0.1:6379/0?retries=x", ["retries", "'x'"]),
-    ("redis://127.0.0.1:6379/0?ttl=abc", ["ttl", "'abc'", ">= 1"]),
+    ("redis://127.0.0.1:6379/0?ttl=abc", ["ttl", "'abc'", "from 1 to"]),
     ("redis://127.0.0.1:6379/0?ttl=0", ["ttl", "'0'"]),
     ("redis://127.0.0.1:6379/0?ttl=5&ttl=6", ["ttl", "twice"]),
     ("rediss://127.0.0.1:6379/0?ssl_ca_certs=/no/such/ca.pem", ["ssl_ca_certs", "existing"]),

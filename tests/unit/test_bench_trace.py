@@ -20,6 +20,7 @@ from radixlink.bench.trace import (
     upper_bound_hit_tokens,
 )
 from radixlink.bench.trace_replay import ReplayConfig, replay
+from radixlink.cli import UsageError
 
 BS = 32
 
@@ -153,9 +154,10 @@ def test_bench_all_report_goes_between_the_readme_markers(tmp_path: Path) -> Non
 
 
 def test_cli_rejects_bad_sizes(tmp_path: Path) -> None:
-    """Malformed capacities and non-positive sizes are argparse errors, not tracebacks."""
+    """Malformed capacities and non-positive sizes are one-line usage errors, not
+    tracebacks (``UsageError``: the CLI prints it as one line and exits 2)."""
     trace = tmp_path / "t.jsonl"
     trace.write_text("".join(json.dumps(r) + "\n" for r in synthetic_trace(3, block_size=64)))
     for bad in (["--capacity", "lots"], ["--nodes", "0"], ["--store-capacity", "-5"]):
-        with pytest.raises(SystemExit):
+        with pytest.raises(UsageError):
             main(["--trace", str(trace), "--block-size", "64", "--no-progress", *bad])

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from radixlink.contract import PoolName
+from radixlink.integrations.sglang.settings import SUPPORTED_MODELS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -188,8 +189,8 @@ def _attention_view(name: PoolName, pool: Any, mapping: Mapping[int, int]) -> Po
         layers = {t: (pool.kv_buffer[i],) for t, i in mapping.items()}
         return PoolView(name, layers, rows_per_page=page_size, replicated=True)
     raise ValueError(
-        f"radixlink linker: device pool {type(pool).__name__} is not supported; supported: "
-        "MHA and MLA token pools, SWAKVPool, HybridLinearKVPool"
+        f"radixlink linker: device pool {type(pool).__name__} is not supported (supported: "
+        f"MHA and MLA token pools, SWAKVPool, HybridLinearKVPool); {SUPPORTED_MODELS}"
     )
 
 

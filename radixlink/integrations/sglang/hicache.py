@@ -33,14 +33,18 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from radixlink.contract import PoolHitPolicy as RadixlinkHitPolicy
 from radixlink.contract import PoolName
-from radixlink.errors import StoreError
+from radixlink.integrations.sglang.guard import false, false_per_key, never_raises, nothing, zero
 from radixlink.integrations.sglang.host_pages import HostPages
 from radixlink.integrations.sglang.keyspace import KeySpace
-from radixlink.integrations.sglang.settings import SGLANG_HICACHE_KEYS, parse_settings
+from radixlink.integrations.sglang.settings import (
+    SGLANG_HICACHE_KEYS,
+    SUPPORTED_MODELS,
+    parse_settings,
+)
 from radixlink.linker.restorable import PoolPresence, restorable_prefix_pages
 from radixlink.stores.codec import PageCodec
 from radixlink.stores.keys import KEY_PREFIX
-from radixlink.stores.registry import open_store
+from radixlink.stores.registry import open_reachable_store
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +67,11 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
         kwargs: what SGLang's factory passes to dynamic backends (unused).
 
     Raises:
-        ValueError: a bad or unknown config key, or ``interface_v1`` unset.
-        StoreError: the store is unreachable at startup.
+        ValueError: a bad or unknown config key, or ``interface_v1`` unset (and, at
+            registration, a host pool other than kv / swa / mamba).
+        StoreError: the store is unreachable at startup (one presence check).
+
+    After startup no page or presence call raises into SGLang (``guard.never_raises``).
     """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
@@ -78,7 +85,7 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
             extra, model_name=storage_config.model_name, passthrough=SGLANG_HICACHE_KEYS
         )
         self._config = storage_config
-        self._store = open_store(self._settings.store)
+        self._store = open_reachable_store(self._settings.store)
         self._keys: KeySpace | None = None
         self._pages: dict[PoolName, HostPages] = {}
         self._codecs: dict[PoolName, PageCodec] = {}
@@ -106,12 +113,13 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
         if pool is None:
             raise ValueError(
                 f"radixlink HiCache backend: host pool {host_pool_name!r} is not supported; "
-                f"supported pools: {sorted(_POOLS)}"
+                f"{SUPPORTED_MODELS}"
             )
         self._add_pool(pool, host_pool)
 
     # ---- v1: KV pages, zero-copy against the host pool ----
 
+    @never_raises(zero)
     def batch_exists(
         self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
     ) -> int:
@@ -119,9 +127,11 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
         flags = self._exists(keys, PoolName.KV)
         return next((i for i, ok in enumerate(flags) if not ok), len(flags))
 
+    @never_raises(false)
     def exists(self, key: str) -> bool:
         return self._exists([key], PoolName.KV)[0]
 
+    @never_raises(false_per_key)
     def batch_get_v1(
         self,
         keys: list[str],
@@ -131,6 +141,7 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
         """Read each page into its host slots; per page True when it arrived verified."""
         return self._get(PoolName.KV, keys, host_indices)
 
+    @never_raises(false_per_key)
     def batch_set_v1(
         self,
         keys: list[str],
@@ -142,6 +153,7 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
 
     # ---- v2: hybrid pools ----
 
+    @never_raises(lambda *_, **__: PoolTransferResult.empty())
     def batch_exists_v2(
         self,
         keys: list[str],
@@ -166,13 +178,9 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
             policy = RadixlinkHitPolicy(transfer.hit_policy.value)
             trailing = policy is RadixlinkHitPolicy.TRAILING_PAGES
             plan.append((pool, policy, max(1, len(transfer.keys or ())) if trailing else 0))
-        try:
-            flags = self._store.exists(
-                [k for pool, _, _ in plan for k in self._require_keys().keys(keys, pool)]
-            )
-        except StoreError as exc:
-            logger.warning("radixlink batch_exists_v2 failed: %s", exc)
-            return PoolTransferResult.empty()
+        flags = self._store.exists(
+            [k for pool, _, _ in plan for k in self._require_keys().keys(keys, pool)]
+        )
         n = len(keys)
         presence = [
             PoolPresence(
@@ -183,6 +191,7 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
         ]
         return _hit_result(presence)
 
+    @never_raises(lambda transfers, *_, **__: _false_per_transfer(transfers))
     def batch_get_v2(
         self,
         transfers: list[PoolTransfer],
@@ -192,6 +201,7 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
             t.name: self._get(self._pool_of(t), t.keys or [], t.host_indices) for t in transfers
         }
 
+    @never_raises(lambda transfers, *_, **__: _false_per_transfer(transfers))
     def batch_set_v2(
         self,
         transfers: list[PoolTransfer],
@@ -220,6 +230,7 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
 
     # ---- lifecycle ----
 
+    @never_raises(nothing)
     def clear(self) -> None:
         """Remove this namespace's pages from the store."""
         if self._keys is not None:
@@ -228,6 +239,7 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
     def get_stats(self) -> Any:
         return None
 
+    @never_raises(nothing)
     def close(self) -> None:
         self._store.close()
 
@@ -253,22 +265,14 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
         return pool
 
     def _exists(self, keys: list[str], pool: PoolName) -> list[bool]:
-        try:
-            return self._store.exists(self._require_keys().keys(keys, pool))
-        except StoreError as exc:
-            logger.warning("radixlink exists failed: %s", exc)
-            return [False] * len(keys)
+        return self._store.exists(self._require_keys().keys(keys, pool))
 
     def _get(self, pool: PoolName, keys: list[str], host_indices: Any) -> list[bool]:
         pages, codec = self._pages[pool], self._codecs[pool]
         if not keys or host_indices is None or host_indices.numel() != len(keys) * pages.page_size:
             return [False] * len(keys)
         store_keys = self._require_keys().keys(keys, pool)
-        try:
-            blobs = self._store.get(store_keys)
-        except StoreError as exc:
-            logger.warning("radixlink get failed: %s", exc)
-            return [False] * len(keys)
+        blobs = self._store.get(store_keys)
         views = [codec.decode(b, k) for b, k in zip(blobs, store_keys)]
         ok = [v is not None and v.nbytes == pages.page_bytes for v in views]
         good = [i for i, flag in enumerate(ok) if flag]
@@ -290,11 +294,12 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
         store_keys = keyspace.keys(keys, pool)
         data = pages.read(host_indices)
         items = {key: codec.encode(data[i], key) for i, key in enumerate(store_keys)}
-        try:
-            return self._store.put(items)
-        except StoreError as exc:
-            logger.warning("radixlink put failed: %s", exc)
-            return [False] * len(keys)
+        return self._store.put(items)
+
+
+def _false_per_transfer(transfers: Any) -> dict[str, list[bool]]:
+    """``batch_get_v2`` / ``batch_set_v2``'s answer when the call failed: nothing moved."""
+    return {t.name: [False] * len(t.keys or ()) for t in transfers or ()}
 
 
 def _hit_result(presence: list[PoolPresence]) -> PoolTransferResult:

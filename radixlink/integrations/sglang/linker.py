@@ -21,25 +21,46 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import PoolName as SGLangPoolName
 from sglang.srt.mem_cache.hicache_storage import PoolTransfer
 from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
-from sglang.srt.mem_cache.unified_cache.unified_cache_linker import (
-    LayerWiseLoadCounter,
-    UnifiedCacheLinker,
-)
+from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
+
+try:
+    from sglang.srt.mem_cache.unified_cache.unified_cache_linker import LayerWiseLoadCounter
+except ImportError:  # NOTE: SGLang's PR #40595 revision has none (see REFUSED_REVISION)
+    LayerWiseLoadCounter = None
 
 from radixlink.contract import PoolHitPolicy, PoolName
-from radixlink.errors import StoreError
 from radixlink.integrations.sglang.device_pools import DevicePools, build_device_pools
+from radixlink.integrations.sglang.guard import (
+    empty_list,
+    false,
+    never_raises,
+    nothing,
+    zero,
+)
 from radixlink.integrations.sglang.keyspace import KeySpace
 from radixlink.integrations.sglang.settings import parse_settings
-from radixlink.integrations.sglang.workers import LayerLoader, Offloader, PageMove, Quarantine
+from radixlink.integrations.sglang.workers import (
+    LayerLoader,
+    LoadBatches,
+    Offloader,
+    PageMove,
+    Quarantine,
+)
 from radixlink.linker.restorable import PoolPresence, restorable_prefix_pages
 from radixlink.stores.base import Store
 from radixlink.stores.codec import PageCodec
-from radixlink.stores.registry import open_store
+from radixlink.stores.registry import open_reachable_store
 
 logger = logging.getLogger(__name__)
 
 _POOLS = {pool.value: pool for pool in PoolName}
+REFUSED_REVISION = (
+    "radixlink linker: this SGLang's unified cache linker contract has no "
+    "LayerWiseLoadCounter (the revision of SGLang PR #40595, whose loads complete through "
+    "pop_completed_load with no failure verdict); radixlink verifies every page and must be "
+    "able to fail a load, so it supports SGLang 0.5.23's contract only (see "
+    "docs/integrations.md); use the HiCache backend (RadixlinkHiCacheStorage) instead"
+)
 
 
 class RadixlinkLinker(UnifiedCacheLinker):
@@ -59,8 +80,11 @@ class RadixlinkLinker(UnifiedCacheLinker):
         forward_stream: the stream the forward writes the device pools on (CUDA), or None.
 
     Raises:
-        ValueError: a bad config key or value, or a pool kind the linker cannot move.
-        StoreError: the store is unreachable at startup.
+        ValueError: a bad config key or value, a pool kind the linker cannot move, or an
+            SGLang whose linker contract has no ``LayerWiseLoadCounter`` (``REFUSED_REVISION``).
+        StoreError: the store is unreachable at startup (one presence check).
+
+    After construction no method raises into SGLang (``guard.never_raises``).
     """
 
     def __init__(
@@ -72,6 +96,8 @@ class RadixlinkLinker(UnifiedCacheLinker):
         extra_config: dict[str, Any] | None = None,
         forward_stream: Any = None,
     ) -> None:
+        if LayerWiseLoadCounter is None:
+            raise ValueError(REFUSED_REVISION)
         self.forward_stream = forward_stream
         settings = parse_settings(
             extra_config,
@@ -93,7 +119,7 @@ class RadixlinkLinker(UnifiedCacheLinker):
             rank=tp_rank,
             replicated=frozenset(name for name, view in views.items() if view.replicated),
         )
-        self._store = open_store(settings.store)
+        self._store = open_reachable_store(settings.store)
         secret = self._store.page_secret
         self._codecs = {
             name: PageCodec(view.fingerprint, view.page_bytes, settings.checksum, secret=secret)
@@ -109,9 +135,10 @@ class RadixlinkLinker(UnifiedCacheLinker):
             params.req_to_token_pool.register_layer_transfer_counter(self.layer_done_counter)
         self._device = next(iter(views.values())).device
         self._quarantine = Quarantine()
+        self._batches = LoadBatches()
         self._loader = LayerLoader(
             self._store, self.layer_done_counter, self._device_pools.num_layers, self._sync,
-            self._quarantine.add,
+            self._quarantine.add, on_done=self._batches.ended,
         )
         self._offloader = Offloader(self._store)
         self._pending: dict[str, list[PageMove]] = {}
@@ -127,6 +154,7 @@ class RadixlinkLinker(UnifiedCacheLinker):
         """The store this linker reads and writes (owned: closed by ``close``)."""
         return self._store
 
+    @never_raises(empty_list)
     def lookup(self, rid: str, transfers: list[PoolTransfer]) -> list[int]:
         """Every restorable prefix length (pages of the tail) on this rank, from one batched
         presence check; a store failure is "nothing restorable". Pages that failed
@@ -147,11 +175,7 @@ class RadixlinkLinker(UnifiedCacheLinker):
                 return []
             plan.append((pool, policy, window))
             keys += self._keys.keys(hashes, pool)  # NOTE: presence at every tail page
-        try:
-            flags = self._quarantine.mask(keys, self._store.exists(keys))
-        except StoreError as exc:
-            logger.warning("radixlink lookup for %s failed: %s", rid, exc)
-            return []
+        flags = self._quarantine.mask(keys, self._store.exists(keys))
         presence = [
             PoolPresence(
                 name=pool,
@@ -163,6 +187,7 @@ class RadixlinkLinker(UnifiedCacheLinker):
         ]
         return restorable_prefix_pages(len(hashes), presence).restorable_prefix_pages
 
+    @never_raises(false)
     def load(self, rid: str, transfers: list[PoolTransfer]) -> bool:
         """Queue ``rid``'s pages for the next ``start_layer_wise_loading``; False (nothing
         queued) for a transfer the linker cannot serve or a request already queued."""
@@ -187,29 +212,54 @@ class RadixlinkLinker(UnifiedCacheLinker):
         self._pending[rid] = moves
         return True
 
+    @never_raises(lambda *_, **__: -1)
     def start_layer_wise_loading(self) -> int:
-        """Start every queued load as one batch; its counter index, or -1 when none is queued."""
+        """Start every queued load as one batch; its counter index, or -1 when none is queued.
+        A batch that cannot start fails through its counter (its requests are aborted)."""
         if not self._pending:
             return -1
-        moves = [move for request in self._pending.values() for move in request]
-        self._pending = {}
+        pending, self._pending = self._pending, {}
+        moves = [move for request in pending.values() for move in request]
         index = self.layer_done_counter.update_producer()
-        ready = None
-        if self._device.type == "cuda":
-            ready = torch.cuda.Event()
-            ready.record()  # the slots' previous users are done on the scheduler's stream
-        self._loader.submit(index, moves, ready)
+        self._batches.started(index, list(pending))
+        try:
+            ready = None
+            if self._device.type == "cuda":
+                ready = torch.cuda.Event()
+                ready.record()  # the slots' previous users are done on the scheduler's stream
+            self._loader.submit(index, moves, ready)
+        except Exception as exc:  # noqa: BLE001 - reported as this batch's failure
+            logger.warning("radixlink load batch %d could not start: %s", index, exc)
+            self.layer_done_counter.fail(index, exc)
+            self._batches.ended(index)
         return index
 
+    @never_raises(false)
     def finish_layer_wise_loading(self, counter_index: int) -> bool:
         """Wait until batch ``counter_index`` stops writing; True when every layer landed."""
         if counter_index < 0:
             return True
-        return self.layer_done_counter.finish(counter_index)
+        try:
+            return bool(self.layer_done_counter.finish(counter_index))
+        finally:
+            self._batches.forget(counter_index)
 
+    @never_raises(zero)
+    def num_completed_loads(self) -> int:
+        """Load batches whose transfer has ended (landed or failed) and not yet popped or
+        finished. The verdict is ``finish_layer_wise_loading``'s (SGLang 0.5.23)."""
+        return self._batches.num_ended()
+
+    @never_raises(empty_list)
+    def pop_completed_load(self) -> list[str]:
+        """The request ids of the oldest ended load batch, consumed (``[]`` when none)."""
+        return self._batches.pop_ended()
+
+    @never_raises(false)
     def cancel_queued_load(self, rid: str) -> bool:
         return self._pending.pop(rid, None) is not None
 
+    @never_raises(false)
     def offload(self, transfers: list[PoolTransfer], session_id: str | None = None) -> bool:
         """Queue the pages of one node (every pool as one put); completes in order. Pools
         another rank writes (replicated ones, off rank 0) are skipped here."""
@@ -225,20 +275,25 @@ class RadixlinkLinker(UnifiedCacheLinker):
         self._offloader.submit(moves, ready)
         return True
 
+    @never_raises(zero)
     def num_completed_offloads(self) -> int:
         return self._offloader.num_completed()
 
+    @never_raises(false)
     def pop_completed_offload(self) -> bool:
         return self._offloader.pop()
 
+    @never_raises(nothing)
     def reset(self) -> None:
         """Drop queued loads, wait for running transfers, forget completions."""
         self._pending.clear()
         self._loader.join()
         self._offloader.join()
         self._offloader.clear()
+        self._batches.clear()
         self.layer_done_counter.reset()
 
+    @never_raises(nothing)
     def close(self) -> None:
         """Quiesce, stop the threads and close the store. Idempotent."""
         if self._closed:

@@ -11,9 +11,22 @@ from typing import Any
 
 from radixlink.stores.directory import default_store_url
 
-# NOTE: keys SGLang itself reads from the same JSON object; passed through, never rejected.
+# NOTE: keys SGLang itself reads from (or, for file_storage_path, adds to) the same JSON object
+# before it reaches the backend; passed through, never rejected. SGLang 0.5.23 pops its
+# prefetch_* / hicache_storage_pass_prefix_keys / tp_lcm_size knobs first, and sets
+# file_storage_path from --file-storage-path (for its own file backend; radixlink's store
+# comes from "store" only).
 SGLANG_HICACHE_KEYS = frozenset(
-    {"backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size"}
+    {"backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size",
+     "file_storage_path", "prefetch_threshold", "prefetch_timeout_base",
+     "prefetch_timeout_per_ki_token", "hicache_storage_pass_prefix_keys"}
+)
+SUPPORTED_MODELS = (
+    "radixlink moves the kv, swa and mamba pools only: dense and GQA attention models "
+    "(Llama, Qwen, Mistral), MLA models without a sparse indexer (DeepSeek V2/V3), "
+    "sliding-window hybrids (gpt-oss, Gemma 3) and Mamba hybrids (Qwen3-Next, Nemotron-H); "
+    "DSA / indexer pools (DeepSeek V3.2), DeepSeek V4's compressed pools and quantized KV "
+    "are not supported (docs/integrations.md)"
 )
 _CHECKSUMS = ("auto", "xxh3", "crc32")
 

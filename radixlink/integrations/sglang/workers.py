@@ -73,6 +73,47 @@ class Quarantine:
             return [ok and key not in self._keys for key, ok in zip(keys, flags)]
 
 
+class LoadBatches:
+    """Which requests each load batch holds, and which batches have ended (landed or failed),
+    oldest first. Bounded by the caller: a batch leaves on ``pop_ended`` (SGLang's newer
+    completion polling) or ``forget`` (SGLang 0.5.23's ``finish_layer_wise_loading``)."""
+
+    def __init__(self) -> None:
+        self._rids: dict[int, list[str]] = {}
+        self._ended: collections.deque[int] = collections.deque()
+        self._lock = threading.Lock()  # NOTE: ``ended`` runs on the loader thread
+
+    def started(self, index: int, rids: list[str]) -> None:
+        with self._lock:
+            self._rids[index] = rids
+
+    def ended(self, index: int) -> None:
+        with self._lock:
+            if index in self._rids and index not in self._ended:
+                self._ended.append(index)
+
+    def num_ended(self) -> int:
+        with self._lock:
+            return len(self._ended)
+
+    def pop_ended(self) -> list[str]:
+        with self._lock:
+            if not self._ended:
+                return []
+            return self._rids.pop(self._ended.popleft(), [])
+
+    def forget(self, index: int) -> None:
+        with self._lock:
+            self._rids.pop(index, None)
+            if index in self._ended:
+                self._ended.remove(index)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._rids.clear()
+            self._ended.clear()
+
+
 class _Worker:
     """A daemon thread draining a FIFO queue; ``join`` waits for every queued job."""
 
@@ -117,6 +158,7 @@ class LayerLoader:
         sync: waits until this thread's device writes are visible to the forward.
         on_bad_pages: called with the keys of pages that were present but failed
             verification (checksum, layout, key digest, seal).
+        on_done: called with the batch's index once it has landed or failed.
     """
 
     def __init__(
@@ -126,8 +168,10 @@ class LayerLoader:
         num_layers: int,
         sync: Callable[[], None],
         on_bad_pages: Callable[[list[str]], None],
+        on_done: Callable[[int], None] = lambda index: None,
     ):
         self._store = store
+        self._on_done = on_done
         self._on_bad_pages = on_bad_pages
         self._counter = counter
         self._num_layers = num_layers
@@ -158,6 +202,8 @@ class LayerLoader:
         except Exception as exc:  # noqa: BLE001 - reported through the counter, never raised
             logger.warning("radixlink load batch %d failed: %s", index, exc)
             self._counter.fail(index, exc)
+        finally:
+            self._on_done(index)
 
     def _fetch(self, moves: Sequence[PageMove]) -> list[torch.Tensor]:
         keys = [key for move in moves for key in move.keys]

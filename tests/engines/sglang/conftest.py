@@ -14,7 +14,9 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from unittest import mock
 from urllib.parse import quote
 
@@ -61,6 +63,24 @@ def _install_stand_ins() -> None:
 
 if importlib.util.find_spec("sglang") is not None:
     _install_stand_ins()
+
+
+@pytest.fixture
+def nodes() -> Iterator[Callable[..., Any]]:
+    """``nodes(shape, store_url, seed)``: SGLang nodes (tests/engines/sglang/harness.py),
+    closed at teardown."""
+    from .harness import Node  # NOTE: imports SGLang; only tests that run import this
+
+    made: list[Any] = []
+
+    def make(shape: Any, url: str, seed: int) -> Any:
+        node = Node(shape, url, seed=seed)
+        made.append(node)
+        return node
+
+    yield make
+    for node in made:
+        node.close()
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from radixlink.hashing_compat import sglang_storage_page_hashes  # noqa: E402
 from radixlink.stores.registry import open_store  # noqa: E402
 
 from .conftest import faults_url  # noqa: E402
-from .harness import FULL, FULL_SWA, Node  # noqa: E402
+from .harness import FULL, FULL_SWA  # noqa: E402
 
 PROMPT = list(range(2000, 2040))  # 10 pages of 4
 PAGE = 4
@@ -35,20 +35,6 @@ def _page_keys(url: str, page: int, pool: str) -> list[str]:
     page_hash = sglang_storage_page_hashes(PROMPT, PAGE)[page]
     with open_store(url) as store:
         return [k for k, _ in store.scan() if f"/{page_hash}/{pool}" in k]
-
-
-@pytest.fixture
-def nodes():
-    made: list[Node] = []
-
-    def make(shape, url, seed):
-        node = Node(shape, url, seed=seed)
-        made.append(node)
-        return node
-
-    yield make
-    for node in made:
-        node.close()
 
 
 @pytest.mark.parametrize("shape", [FULL, FULL_SWA], ids=["full", "full_swa"])
@@ -123,6 +109,7 @@ def test_unreachable_store_at_lookup_is_a_miss(file_url, nodes) -> None:
     exception into the scheduler."""
     a = nodes(FULL, file_url, 1)
     a.serve(PROMPT)
-    b = nodes(FULL, faults_url(file_url, fail=1, ops="exists"), 2)
+    b = nodes(FULL, faults_url(file_url, fail=0, ops="exists"), 2)
+    b.linker.store.fail = 1.0  # NOTE: after startup, whose probe would refuse this store
     got = b.restore(PROMPT, "r1")
     assert (got.device_len, got.loaded_len, got.failed) == (0, 0, False)
