@@ -15,7 +15,7 @@ from radixlink.errors import StoreError
 from radixlink.stores import page_key
 from radixlink.stores.directory import DirectoryStore
 
-from .kit import TOKENS, assert_exact, make_cache, offload, request
+from .kit import MODEL_NS, TOKENS, assert_exact, make_cache, offload, request
 
 KEYS = [page_key("aaaa", f"{i:064x}", PoolName.KV) for i in range(4)]
 
@@ -54,10 +54,10 @@ def test_a_linker_over_a_vanished_root_recomputes_and_leaks_nothing(tmp_path: Pa
     its offload fails cleanly, and both caches keep exact accounting."""
     root = tmp_path / "store"
     store = DirectoryStore(root)
-    cache_a = make_cache()
+    cache_a = make_cache(namespace=MODEL_NS)
     offload(cache_a, link(cache_a, store))
     _replace_root_with_a_file(root)
-    cache_b = make_cache()
+    cache_b = make_cache(namespace=MODEL_NS)
     linker_b = link(cache_b, store)
     result = request(cache_b, linker_b, TOKENS, "b")
     assert result["hit"] == 0 and result["prefix"] == 0, result
