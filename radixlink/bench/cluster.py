@@ -21,8 +21,8 @@ from radixlink.bench.cluster_report import aggregate, plot, summarize, table_row
 from radixlink.bench.cluster_sim import ClusterConfig, Timing, simulate
 from radixlink.bench.cluster_trace import load_timed_trace, request_hashes
 from radixlink.bench.common import machine_info, parse_tokens, print_table, write_json
-from radixlink.policy import HIDE, GpuSpec, ModelShape, TransferEstimate, prefill_estimate
-from radixlink.policy.reference import H100_SXM, LLAMA3_8B
+from radixlink.cost import HIDE, GpuSpec, ModelShape, TransferEstimate, prefill_estimate
+from radixlink.cost.reference import H100_SXM, LLAMA3_8B
 from radixlink.routing import policy_names
 
 

@@ -19,8 +19,7 @@ import numpy as np
 from radixlink.bench.cluster_node import Job, SimNode
 from radixlink.bench.cluster_trace import TimedRequest, prompt_tokens
 from radixlink.contract import PoolName
-from radixlink.hashing import namespace_id
-from radixlink.policy import (
+from radixlink.cost import (
     HIDE,
     Estimates,
     EstimateTracker,
@@ -31,6 +30,7 @@ from radixlink.policy import (
     plan_ttft,
     prefill_rest_s,
 )
+from radixlink.hashing import namespace_id
 from radixlink.routing import Router
 from radixlink.stores import open_store, page_key
 

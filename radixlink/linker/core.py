@@ -14,6 +14,7 @@ from typing import Any
 
 from radixlink.checks import check_namespaced, check_prefill, check_req_id, check_seconds
 from radixlink.contract import InsertParams, MatchResult, PoolTransfer
+from radixlink.cost import EstimateTracker
 from radixlink.linker.breaker import CircuitBreaker, StoreGuard
 from radixlink.linker.completions import Completions
 from radixlink.linker.config import LinkerConfig
@@ -32,7 +33,6 @@ from radixlink.linker.stats import LinkerStats
 from radixlink.linker.storekeys import StoreKeys
 from radixlink.linker.worker import Completion, Job, TransferWorker
 from radixlink.memory.host import StagingArena
-from radixlink.policy import EstimateTracker
 from radixlink.stores.base import Store
 from radixlink.stores.registry import open_store
 
@@ -65,7 +65,7 @@ class ExternalCacheLinker:
         store: a ``Store`` or a store URL (the linker then owns and closes it).
         ranks: tensor-parallel agreement; the single-process default agrees with itself.
         config: a ``LinkerConfig``; or pass its fields as keyword arguments (``options``).
-        cost_model: an ``EstimateTracker`` (radixlink.policy): each lookup then loads the
+        cost_model: an ``EstimateTracker`` (radixlink.cost): each lookup then loads the
             restorable length that minimises the request's expected TTFT, possibly shorter or
             none (docs/routing.md); it learns from the linker's loads and ``observe_prefill``.
             None (default): load the largest restorable length. Same setting on every rank.

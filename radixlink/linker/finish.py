@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from radixlink.cost import Source
 from radixlink.linker.loads import Transfer
 from radixlink.linker.outcomes import failure_outcome, failure_reason, success_outcomes
 from radixlink.linker.phases import publish, release
 from radixlink.linker.records import LoadOutcome
 from radixlink.linker.worker import Completion, TransferStatus
-from radixlink.policy import Source
 
 
 class LoadFinisher:

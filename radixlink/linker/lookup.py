@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from radixlink.contract import LinkerTransferPhase, MatchResult, PoolTransfer
+from radixlink.cost import choose_load_pages
 from radixlink.hashing import page_hashes
 from radixlink.linker.records import Lookup
 from radixlink.linker.restorable import presence_from_store, restorable_prefix_pages
-from radixlink.policy import choose_load_pages
 
 
 def tail_hashes(cache: Any, result: MatchResult, tokens: np.ndarray, namespace: Any) -> list[str]:

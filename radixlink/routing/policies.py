@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from radixlink.policy.cost import HIDE, Offer, Plan, Source, plan_ttft
-from radixlink.policy.estimates import Estimates
+from radixlink.cost.estimates import Estimates
+from radixlink.cost.ttft import HIDE, Offer, Plan, Source, plan_ttft
 from radixlink.routing.queues import NodeLoad
 
 
@@ -150,7 +150,7 @@ POLICIES: dict[str, type[RoutingPolicy]] = {
 
 
 def make_policy(name: str, hide: float = HIDE) -> RoutingPolicy:
-    """A fresh policy by name (``hide``: see ``radixlink.policy.plan_ttft``).
+    """A fresh policy by name (``hide``: see ``radixlink.cost.plan_ttft``).
 
     Raises:
         ValueError: an unknown name (the message lists the known ones).

@@ -16,10 +16,10 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from radixlink.cost.estimates import Estimates, PrefillEstimate, TransferEstimate
+from radixlink.cost.tracking import EstimateTracker
+from radixlink.cost.ttft import Source
 from radixlink.hashing import page_hashes
-from radixlink.policy.cost import Source
-from radixlink.policy.estimates import Estimates, PrefillEstimate, TransferEstimate
-from radixlink.policy.tracking import EstimateTracker
 from radixlink.routing.router import Router
 
 # NOTE: a follow-up turn's own new tokens (closing the reply, the user's next message): the

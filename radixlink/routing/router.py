@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
+from radixlink.cost.estimates import Estimates
+from radixlink.cost.tracking import EstimateTracker
+from radixlink.cost.ttft import HIDE
 from radixlink.metrics import KVEvent
-from radixlink.policy.cost import HIDE
-from radixlink.policy.estimates import Estimates
-from radixlink.policy.tracking import EstimateTracker
 from radixlink.routing.index import PrefixIndex
 from radixlink.routing.policies import Decision, RouteQuery, RoutingPolicy, make_policy
 from radixlink.routing.queues import QueueBook

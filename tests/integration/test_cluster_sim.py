@@ -15,7 +15,7 @@ from radixlink.bench.cluster import main
 from radixlink.bench.cluster_sim import ClusterConfig, SimResult, Timing, simulate
 from radixlink.bench.cluster_trace import TimedRequest, parse_timed_trace, request_hashes
 from radixlink.bench.trace import synthetic_trace
-from radixlink.policy import PrefillEstimate, TransferEstimate
+from radixlink.cost import PrefillEstimate, TransferEstimate
 
 BS = 64
 BPT = 131072

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from faults.kit import LAYOUT, TOKENS, assert_exact, make_cache, offload, request
 
+from radixlink.cost import Estimates, EstimateTracker, PrefillEstimate, TransferEstimate
 from radixlink.linker.core import ExternalCacheLinker
-from radixlink.policy import Estimates, EstimateTracker, PrefillEstimate, TransferEstimate
 from radixlink.stores.memory import MemoryStore
 
 PREFILL = PrefillEstimate(token_s=1e-4)  # 10,000 tokens/s, no attention term, no overhead

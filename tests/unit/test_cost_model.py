@@ -1,4 +1,4 @@
-"""The cost model (radixlink.policy): transfer and prefill arithmetic, the load-vs-recompute
+"""The cost model (radixlink.cost): transfer and prefill arithmetic, the load-vs-recompute
 choice on both sides of a break-even point computed by hand, plan_ttft's candidates, and the
 moving estimates converging from a wrong prior."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from radixlink.policy import (
+from radixlink.cost import (
     H100_SXM,
     LLAMA3_8B,
     Estimates,

@@ -1,5 +1,5 @@
-"""radixlink.hashing_compat reproduces SGLang's own page hashes (get_hash_str and the storage
-chain with its namespace seed), on random inputs."""
+"""radixlink.integrations.sglang.hashing_compat reproduces SGLang's own page hashes
+(get_hash_str and the storage chain with its namespace seed), on random inputs."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from sglang.srt.mem_cache.utils import (  # noqa: E402
 )
 
 from radixlink.hashing import page_hashes  # noqa: E402
-from radixlink.hashing_compat import (  # noqa: E402
+from radixlink.integrations.sglang.hashing_compat import (  # noqa: E402
     sglang_namespace_seed,
     sglang_page_hashes,
     sglang_storage_page_hashes,

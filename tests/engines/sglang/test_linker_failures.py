@@ -16,7 +16,7 @@ pytest.importorskip("sglang", reason=SGLANG_MISSING)
 
 import torch  # noqa: E402
 
-from radixlink.hashing_compat import sglang_storage_page_hashes  # noqa: E402
+from radixlink.integrations.sglang.hashing_compat import sglang_storage_page_hashes  # noqa: E402
 from radixlink.stores.registry import open_store  # noqa: E402
 
 from .conftest import faults_url  # noqa: E402

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from radixlink.policy.cost import Source
-from radixlink.policy.estimates import Estimates, PrefillEstimate, TransferEstimate
+from radixlink.cost.estimates import Estimates, PrefillEstimate, TransferEstimate
+from radixlink.cost.ttft import Source
 
 _MIN_COEF = 1e-15  # NOTE: keeps a fitted slope positive (a zero slope would be infinite speed)
 

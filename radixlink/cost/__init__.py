@@ -4,7 +4,17 @@ load-vs-recompute choice, and moving estimates of bandwidths and prefill speed (
 Re-exports only.
 """
 
-from radixlink.policy.cost import (
+from radixlink.cost.estimates import Estimates, PrefillEstimate, TransferEstimate
+from radixlink.cost.reference import (
+    H100_SXM,
+    LLAMA3_8B,
+    TIERS,
+    GpuSpec,
+    ModelShape,
+    prefill_estimate,
+)
+from radixlink.cost.tracking import DecayedFit, EstimateTracker
+from radixlink.cost.ttft import (
     HIDE,
     Offer,
     Plan,
@@ -14,16 +24,6 @@ from radixlink.policy.cost import (
     plan_ttft,
     prefill_rest_s,
 )
-from radixlink.policy.estimates import Estimates, PrefillEstimate, TransferEstimate
-from radixlink.policy.reference import (
-    H100_SXM,
-    LLAMA3_8B,
-    TIERS,
-    GpuSpec,
-    ModelShape,
-    prefill_estimate,
-)
-from radixlink.policy.tracking import DecayedFit, EstimateTracker
 
 __all__ = [
     "HIDE",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixlink.policy.estimates import PrefillEstimate, TransferEstimate
+from radixlink.cost.estimates import PrefillEstimate, TransferEstimate
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

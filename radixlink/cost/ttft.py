@@ -12,7 +12,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from radixlink.policy.estimates import Estimates, PrefillEstimate, TransferEstimate
+from radixlink.cost.estimates import Estimates, PrefillEstimate, TransferEstimate
 
 
 class Source(str, enum.Enum):
