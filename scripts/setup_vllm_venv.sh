@@ -9,12 +9,7 @@
 # Usage: bash scripts/setup_vllm_venv.sh [VENV=.venv-vllm]
 # Idempotent: a stamp file records the recipe; a second run with the same recipe exits at once.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-VENV=${1:-.venv-vllm}
-PY="$VENV/bin/python"
-STAMP="$VENV/.radixlink-vllm-stamp"
 VLLM_VERSION=0.33.0
-TORCH_PIN="torch==2.13.0+cpu"
 # The light deps of vllm.v1.core.*, vllm.config and vllm.distributed.kv_transfer (import chain).
 LIGHT_DEPS=(
   packaging pydantic regex cbor2 psutil pyzmq msgspec cloudpickle cachetools py-cpuinfo
@@ -24,25 +19,19 @@ LIGHT_DEPS=(
 )
 # radixlink's runtime and test deps (pyproject: torch numpy xxhash blake3; redis extra; pytest).
 RADIXLINK_DEPS=(numpy xxhash blake3 'redis>=5' hiredis pytest hypothesis)
-RECIPE="vllm==$VLLM_VERSION $TORCH_PIN ${LIGHT_DEPS[*]} ${RADIXLINK_DEPS[*]}"
-
+source "$(dirname "${BASH_SOURCE[0]}")/venv_common.sh"
 # NOTE: find_spec, not import: importing vllm takes ~10 s, finding it ~0.1 s.
 FOUND="import importlib.util as u; assert u.find_spec('vllm') and u.find_spec('radixlink')"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$RECIPE" ] && "$PY" -c "$FOUND" 2>/dev/null; then
+if venv_begin "${1:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv-vllm}" vllm \
+    "${BASH_SOURCE[0]}" && "$PY" -c "$FOUND" 2>/dev/null; then
   echo "$VENV is up to date (rm $STAMP to rebuild)"
   exit 0
 fi
-
-[ -x "$PY" ] || python3 -m venv "$VENV"
-PIN="$VENV/torch-pin.txt"
-echo "$TORCH_PIN" > "$PIN"
-PIP=("$PY" -m pip install -q -c "$PIN")
-"$PY" -c "import torch" 2>/dev/null || "${PIP[@]}" torch==2.13.0
-"$PY" -c "import torch; assert torch.__version__.endswith('+cpu'), torch.__version__"
-"${PIP[@]}" "${RADIXLINK_DEPS[@]}" "${LIGHT_DEPS[@]}"
-"${PIP[@]}" --no-deps "vllm==$VLLM_VERSION"
-"${PIP[@]}" --no-deps -e .
+venv_create
+pip_install "${RADIXLINK_DEPS[@]}" "${LIGHT_DEPS[@]}"
+pip_install --no-deps "vllm==$VLLM_VERSION"
+pip_install --no-deps -e "$ROOT"
 "$PY" -c "import torch; assert torch.__version__.endswith('+cpu'), 'a CUDA torch slipped in'"
 "$PY" -c "import vllm.v1.core.sched.scheduler, radixlink.integrations.vllm" >/dev/null
-echo "$RECIPE" > "$STAMP"
+venv_done
 echo "built $VENV: vllm $VLLM_VERSION on $("$PY" -c 'import torch; print(torch.__version__)')"

@@ -46,10 +46,13 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"file://{tmp_path_factory.mktemp('store')}/pages"
 
 
-def _spec(model: str, store: str, **kwargs: Any) -> Any:
+def _spec(model: str, store: str, *, connector: dict[str, Any] | None = None,
+          **kwargs: Any) -> Any:
+    """A node on ``store``; ``connector``: extra connector options; ``kwargs``: NodeSpec's."""
     from radixlink.integrations.vllm.nodes import NodeSpec, connector_config
 
-    return NodeSpec(model=model, kv_transfer_config=connector_config(store), **kwargs)
+    return NodeSpec(model=model, kv_transfer_config=connector_config(store, **(connector or {})),
+                    **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -107,19 +110,13 @@ def test_a_damaged_store_is_healed_in_one_pass(
 def test_a_redis_store_round_trips_with_token_chain_keys(
         smollm2: str, prompts: list[list[int]], start_node: Any, baseline: dict[str, Any],
         redis_url: str) -> None:  # fmt: skip
-    node = start_node(_redis_spec(smollm2, redis_url), "redis")
+    node = start_node(_spec(smollm2, redis_url, connector={"keys": "token_chain"}), "redis")
     assert _outputs(node.generate(prompts, 16)) == baseline["shared"]
     assert node.reset_prefix_cache()
     before = node.metrics()
     assert _one_by_one(node, prompts, 16) == baseline["shared-singles"]
     assert counter(node.metrics(), EXTERNAL) - counter(before, EXTERNAL) == \
         (whole_pages(prompts, BLOCK) - (len(prompts) - 1) * SHARED_PAGES) * BLOCK
-
-
-def _redis_spec(model: str, url: str) -> Any:
-    from radixlink.integrations.vllm.nodes import NodeSpec, connector_config
-
-    return NodeSpec(model=model, kv_transfer_config=connector_config(url, keys="token_chain"))
 
 
 def test_chunked_prefill_and_preemption_over_a_store(
