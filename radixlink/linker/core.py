@@ -146,7 +146,8 @@ class ExternalCacheLinker:
     def poll(self) -> list[LoadOutcome]:
         """Finished loads (and finished offloads' bookkeeping) since the last call. Also sends
         the offloads queued since the last call as one batch: call it once per engine step."""
-        self.offload.flush_batch()
+        if self.offload.batch is not None:
+            self.offload.flush_batch()
         return self._loader.poll()
 
     def wait_load(self, req_id: Any, timeout: float | None = None) -> LoadOutcome:
@@ -160,7 +161,8 @@ class ExternalCacheLinker:
             ValueError: no load was started for ``req_id`` (or its outcome was already taken);
                 an unhashable ``req_id`` or a ``timeout`` that is not a number >= 0.
         """
-        self.offload.flush_batch()
+        if self.offload.batch is not None:
+            self.offload.flush_batch()
         return self._loader.wait(req_id, timeout)
 
     def observe_prefill(self, num_new: int, num_cached: int, seconds: float) -> None:

@@ -41,15 +41,16 @@ class Loader:
 
     Args:
         parts: the linker's shared parts.
-        offloader: applies offload completions and records loaded pages as stored.
+        offloader: applies offload completions.
     """
 
     def __init__(self, parts: LinkerParts, offloader: Offloader):
         self.parts, self.offloader = parts, offloader
         self.cache, self.ranks, self.stats = parts.cache, parts.ranks, parts.stats
+        self.world_size = parts.world_size
         config = parts.config
         # NOTE: with several ranks an age bound would drop a lookup on one rank only.
-        ttl = config.lookup_ttl_s if self.ranks.world_size == 1 else None
+        ttl = config.lookup_ttl_s if self.world_size == 1 else None
         self.lookups = RememberedLookups(config.max_lookups, config.max_lookup_bytes, ttl)
         self.page_hashes = PageHashMemo(parts.page_size)
         self.loads = LoadTable()
@@ -60,8 +61,7 @@ class Loader:
 
     def lookup(self, result: MatchResult, key: bytes, req_id: Any, namespace: Any) -> None:
         """Fill ``result.external_hit_len`` and remember what ``load(req_id)`` fetches."""
-        found = find_restorable(self.parts, self.page_hashes, self.offloader.forget_absent,
-                                result, key, namespace)
+        found = find_restorable(self.parts, self.page_hashes, result, key, namespace)
         self.stats["lookups"] += 1
         result.external_hit_len = 0 if found is None else found.num_pages * self.parts.page_size
         if found is not None:
@@ -82,7 +82,7 @@ class Loader:
             return False
         locked = lock_device_prefix(self.cache, lookup)
         ok = locked is not None
-        if self.ranks.world_size > 1:
+        if self.world_size > 1:
             ok = self.ranks.all_ok(ok)
         if not ok:
             if locked is not None:
@@ -111,7 +111,7 @@ class Loader:
         reservation = reserve(self.cache, lookup, device_slots)
         # NOTE: one rank short of room fails it on all
         ok = reservation is not None
-        if self.ranks.world_size > 1:
+        if self.world_size > 1:
             ok = self.ranks.all_ok(ok)
         if not ok:
             if reservation is not None:
@@ -119,8 +119,9 @@ class Loader:
             return None
         assert reservation is not None
         parts = self.parts
+        keyspace, namespace = parts.keyspace, lookup.namespace
         job = load_job(reservation.transfers, self.cache, parts.codec,
-                       lambda t: parts.store_keys(t, lookup.namespace), parts.arena)
+                       lambda t: keyspace.keys(t.name, namespace, t.keys), parts.arena)
         transfer = Transfer(job_id=parts.jobs.submit(job), reservation=reservation)
         assert job.progress is not None
         self._progress[transfer.job_id] = job.progress
@@ -194,7 +195,8 @@ class Loader:
     def _expire(self) -> None:
         """Members past their own deadline fail now (agreed across ranks); the transfer goes
         on for the others."""
-        for member in self.loads.expired(time.monotonic(), self.ranks.any_of):
+        agree = list if self.world_size == 1 else self.ranks.any_of
+        for member in self.loads.expired(time.monotonic(), agree):
             self._leave(member)
             self.stats["failures_timeout"] += 1
             self._put(failure_outcome(member, "timeout"))
@@ -216,7 +218,9 @@ class Loader:
         each member its outcome (steps 4-5; a collective with several ranks)."""
         self._progress.pop(transfer.job_id, None)
         reservation, cache, stats = transfer.reservation, self.cache, self.stats
-        ok = self.ranks.all_ok(done.ok and not transfer.cancelled and not self.closed)
+        ok = done.ok and not transfer.cancelled and not self.closed
+        if self.world_size > 1:
+            ok = self.ranks.all_ok(ok)
         if done.status is TransferStatus.CORRUPT:
             stats["checksum_misses"] += 1
         reason = "" if ok else failure_reason(done, transfer, self.closed)
@@ -237,7 +241,12 @@ class Loader:
             for outcome in failed:
                 self._put(outcome)
             return
-        self.offloader.mark_loaded(reservation.transfers)
+        # NOTE: verified pages are in the store: the nodes they cover whole are stored now (a
+        # node starting below the loaded tail also holds device pages nobody checked)
+        now, stored = time.monotonic(), self.parts.stored
+        for part in reservation.transfers:
+            if part is not None:
+                stored.add(part.name, part.keys, at=now)
         model = self.parts.cost_model
         if model is not None:
             model.observe_load(Source.STORE, done.num_bytes, done.seconds)

@@ -135,7 +135,7 @@ class LoadTable:
     def expired(self, now: float, agree: Callable[[list[bool]], list[bool]]) -> list[Member]:
         """Waiting members past their own deadline at ``now``, as ``agree`` (the ranks' OR, a
         collective while anyone waits) decides."""
-        waiting = self.waiting()
+        waiting = list(self._members.values())
         if not waiting:
             return []
         late = agree([now >= member.deadline for member in waiting])

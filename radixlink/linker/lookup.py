@@ -23,9 +23,6 @@ from radixlink.linker.parts import LinkerParts
 from radixlink.linker.records import Lookup
 from radixlink.linker.restorable import presence_from_store, restorable_prefix_pages
 
-ForgetAbsent = Callable[[list[PoolTransfer], list[bool]], None]
-"""``(transfers, exists)``: pages a presence check found absent (the offloader forgets them)."""
-
 
 def tail_hashes(cache: Any, result: MatchResult, tokens: np.ndarray, namespace: Any) -> list[str]:
     """Chained hashes of the whole pages of ``tokens`` after the device match, continuing the
@@ -49,27 +46,42 @@ def lookup_transfers(components: Any, keys: list[str]) -> list[PoolTransfer]:
     return out
 
 
-def restorable_pages(parts: LinkerParts, keys: list[str], namespace: Any,
-                     forget_absent: ForgetAbsent) -> list[int]:
+def restorable_pages(parts: LinkerParts, keys: list[str], namespace: Any) -> list[int]:
     """Every tail length (pages) this rank can restore; a failed or skipped store is none."""
     components = parts.cache.components
     transfers = lookup_transfers(components, keys)
     if not transfers:
         return []
-    store_keys = [k for t in transfers for k in parts.store_keys(t, namespace)]
+    keyspace = parts.keyspace
+    store_keys = keyspace.keys(transfers[0].name, namespace, transfers[0].keys)
+    for transfer in transfers[1:]:
+        store_keys += keyspace.keys(transfer.name, namespace, transfer.keys)
     guard = parts.guard
     exists = guard.exists(store_keys)
     if exists is None:
         parts.stats["lookups_skipped" if guard.last_skipped else "failures_lookup"] += 1
         return []
-    forget_absent(transfers, exists)  # NOTE: evicted from the store: rewrite
-    windows = {c.pool_name: c.window_pages for c in components if c.window_pages > 0}
-    presence = presence_from_store(transfers, exists, window_pages=windows)
+    if parts.stored.enabled and not all(exists):  # NOTE: evicted from the store: rewrite
+        forget_absent(parts.stored, transfers, exists)
+    presence = presence_from_store(transfers, exists, window_pages=parts.windows)
     return restorable_prefix_pages(len(keys), presence).restorable_prefix_pages
 
 
-def find_restorable(parts: LinkerParts, memo: PageHashMemo, forget_absent: ForgetAbsent,
-                    result: MatchResult, key: bytes, namespace: Any) -> Lookup | None:
+def forget_absent(stored: Any, transfers: list[PoolTransfer], exists: list[bool]) -> None:
+    """A presence check (a LOOKUP) found some of ``transfers``' pages absent: the store
+    evicted them, so the stored index must not keep them (they are written again). Only
+    while the index lets offloads skip pages: with several ranks the lookups differ per
+    rank, so the index (fed by agreed events only) is left as it is."""
+    pos = 0
+    for transfer in transfers:
+        found = exists[pos : pos + len(transfer.keys)]
+        pos += len(transfer.keys)
+        if not all(found):
+            stored.discard(transfer.name, [h for h, hit in zip(transfer.keys, found) if not hit])
+
+
+def find_restorable(parts: LinkerParts, memo: PageHashMemo, result: MatchResult, key: bytes,
+                    namespace: Any) -> Lookup | None:
     """What the store can restore after the device match ``result`` of ``key`` (packed uint32
     tokens) in the resolved ``namespace``, agreed across ranks (a collective when there are
     whole pages to look up), or None. The tail's hashes go into ``memo`` for the insert of
@@ -83,9 +95,8 @@ def find_restorable(parts: LinkerParts, memo: PageHashMemo, forget_absent: Forge
     keys = tail_hashes(parts.cache, result, tokens, namespace)
     # NOTE: the insert of these tokens that follows reuses the hashes (hashed once per page)
     memo.remember(namespace, key, prefix // ps, keys)
-    pages = restorable_pages(parts, keys, namespace, forget_absent)
-    ranks = parts.ranks
-    common = pages if ranks.world_size == 1 else ranks.intersect(pages, num_pages)
+    pages = restorable_pages(parts, keys, namespace)
+    common = pages if parts.world_size == 1 else parts.ranks.intersect(pages, num_pages)
     best = worth_loading(parts, common, prefix)
     if not best:
         return None
@@ -106,7 +117,7 @@ def worth_loading(parts: LinkerParts, common: list[int], prefix: int) -> int:
         return most
     best = choose_load_pages(common, device_len=prefix, page_size=parts.page_size,
                              bytes_per_token=parts.bytes_per_token, estimates=model.snapshot())
-    if parts.ranks.world_size > 1:
+    if parts.world_size > 1:
         best = parts.ranks.agree_count(best)  # MIN: each rank's answer is in common, or 0
     if best < most:
         parts.stats["cost_declined_loads" if best == 0 else "cost_shortened_loads"] += 1
@@ -143,7 +154,9 @@ class RememberedLookups:
 
     def put(self, req_id: Any, lookup: Lookup | None) -> None:
         """Remember ``lookup`` for ``req_id`` (None forgets a previous one)."""
-        self.drop(req_id)
+        previous = self._items.pop(req_id, None)
+        if previous is not None:
+            self._bytes -= previous.num_bytes
         if lookup is None:
             return
         self._items[req_id] = lookup

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from radixlink.contract import InsertParams, LinkerTransferPhase, PoolName, PoolTransfer
+from radixlink.contract import InsertParams, LinkerTransferPhase, PoolName
 from radixlink.linker.config import WritePolicy
 from radixlink.linker.jobs import Batch, offload_job, select_pages
 from radixlink.linker.parts import LinkerParts
@@ -74,7 +74,7 @@ class Offloader:
         self._tickets: dict[int, int] = {}  # worker job id -> ticket
         self._inflight_bytes = 0
         self._next_ticket = 0
-        self._batch: Batch | None = None
+        self.batch: Batch | None = None  # queued, not yet sent (read-only outside)
         self._queued: list[Sequence[str]] = []  # backbone hashes of the batch's nodes
         self._stream: Any = None  # CUDA: the side stream offload gathers run on
         self._stats: Counter[str] = Counter()
@@ -122,7 +122,7 @@ class Offloader:
         (and unstored ancestors) first."""
         ticket = node.offload_inflight
         if ticket:
-            if self._batch is not None and self._batch.ticket == ticket:
+            if self.batch is not None and self.batch.ticket == ticket:
                 self.flush_batch()
             offload = self._inflight.get(ticket)
             if offload is not None and offload.ready is not None:
@@ -158,10 +158,10 @@ class Offloader:
         if self._inflight_bytes + num_bytes > self.max_inflight_bytes:
             self._stats["dropped_offloads"] += 1
             return False
-        batch = self._batch
+        batch = self.batch
         if batch is None:
             self._next_ticket += 1
-            batch = self._batch = Batch(self._next_ticket)
+            batch = self.batch = Batch(self._next_ticket)
         for node in chain:
             self.stored.set_inflight(node.hash_value, batch.ticket)
             self._queued.append(node.hash_value)  # NOTE: a split later makes new lists
@@ -180,7 +180,7 @@ class Offloader:
         """Send the queued offloads: the pages the store is not known to hold, gathered into
         one staging buffer, as one worker job. A batch whose every page is known writes
         nothing: its nodes are stored already, by their pages."""
-        batch, self._batch = self._batch, None
+        batch, self.batch = self.batch, None
         if batch is None:
             return
         queued, self._queued = self._queued, []
@@ -252,29 +252,6 @@ class Offloader:
         self._inflight.clear()
         self._tickets.clear()
         self._inflight_bytes = 0
-
-    def mark_loaded(self, transfers: list[PoolTransfer | None]) -> None:
-        """Pages just loaded from the store (verified) are in the store: record them; the
-        nodes they cover whole are stored from now on (a node starting below the loaded
-        tail also holds device pages nobody checked, so it is not, unless they were)."""
-        now = time.monotonic()
-        for transfer in transfers:
-            if transfer is not None:
-                self.stored.add(transfer.name, transfer.keys, at=now)
-
-    def forget_absent(self, transfers: list[PoolTransfer], exists: list[bool]) -> None:
-        """A presence check (a LOOKUP) found some of ``transfers``' pages absent: the store
-        evicted them, so the index must not keep them (they are written again). With
-        several ranks the lookups differ per rank, so the index (agreed) is left as it is."""
-        if not self.stored.enabled or all(exists):
-            return
-        pos = 0
-        for transfer in transfers:
-            found = exists[pos : pos + len(transfer.keys)]
-            pos += len(transfer.keys)
-            if not all(found):
-                gone = [h for h, hit in zip(transfer.keys, found) if not hit]
-                self.stored.discard(transfer.name, gone)
 
     def _revalidate(self, node: Any) -> None:
         """Re-check stale stored marks on ``node``'s path (``Revalidation``); pages the store

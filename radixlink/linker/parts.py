@@ -46,6 +46,7 @@ class Completions:
     def __init__(self, worker: TransferWorker, ranks: RankGroup):
         self.worker = worker
         self.ranks = ranks
+        self.world_size = ranks.world_size
         self._pending: set[int] = set()  # submitted, not yet handed out by ready()
         self._done: dict[int, Completion] = {}  # finished here, not yet handed out
 
@@ -59,7 +60,7 @@ class Completions:
         every rank the same number of times: it is a collective while jobs are pending."""
         for done in self.worker.drain(block_for=block_for):
             self._done[done.job_id] = done
-        if self.ranks.world_size == 1:
+        if self.world_size == 1:
             jobs = list(self._done)
         else:
             if not self._pending:  # NOTE: the same on every rank, so no collective is skipped
@@ -69,7 +70,7 @@ class Completions:
             jobs = [job for job, bit in zip(pending, agreed) if bit]
         for job_id in jobs:
             self._pending.discard(job_id)
-        return [self._done.pop(job_id) for job_id in jobs]
+        return list(map(self._done.pop, jobs))
 
 
 class LinkerStats:
@@ -115,6 +116,8 @@ class LinkerParts:
     cost_model: EstimateTracker | None
     page_size: int
     bytes_per_token: int
+    world_size: int  # the rank group's (fixed): checked on hot paths without a call
+    windows: dict[PoolName, int]  # pools with a window (SWA): their window pages
     keyspace: StoreKeys = field(init=False)
     _codecs: dict[PoolName, PageCodec] = field(default_factory=dict)
 
@@ -172,4 +175,5 @@ def build_parts(cache: Any, store: Store, ranks: RankGroup, config: LinkerConfig
         guard=StoreGuard(store, CircuitBreaker(config.breaker)), ranks=ranks, worker=worker,
         jobs=Completions(worker, ranks), arena=arena, metrics=LinkerStats(), stored=stored,
         cost_model=cost_model, page_size=cache.page_size,
-        bytes_per_token=kv_bytes_per_token(cache))
+        bytes_per_token=kv_bytes_per_token(cache), world_size=ranks.world_size,
+        windows={c.pool_name: c.window_pages for c in cache.components if c.window_pages > 0})

@@ -41,7 +41,7 @@ class Lookup:
     @property
     def num_bytes(self) -> int:
         """Host memory this lookup pins while remembered (tokens and key strings)."""
-        return int(self.tokens.nbytes) + sum(len(k) + 49 for k in self.keys)
+        return int(self.tokens.nbytes) + sum(map(len, self.keys)) + 49 * len(self.keys)
 
     @property
     def signature(self) -> tuple[str, int, int]:

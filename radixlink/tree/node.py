@@ -47,8 +47,8 @@ class StoredPages:
         skips: whether ``unknown`` may report pages as known (False: every page is written).
     """
 
-    __slots__ = ("max_pages", "max_age_s", "skips", "_clock", "_pages", "_inflight", "_size",
-                 "num_skipped")
+    __slots__ = ("max_pages", "max_age_s", "enabled", "_clock", "_pages", "_inflight",
+                 "_size", "num_skipped")
 
     def __init__(self, max_pages: int = 1 << 18, max_age_s: float = 300.0,
                  clock: Callable[[], float] = time.monotonic, *, skips: bool = True):
@@ -71,13 +71,9 @@ class StoredPages:
         if not (isinstance(max_age_s, (int, float)) and max_age_s > 0):
             raise ValueError(f"the stored index's age bound must be positive, got "
                              f"{max_age_s!r}")
-        self.max_pages, self.max_age_s, self.skips = max_pages, float(max_age_s), skips
+        self.max_pages, self.max_age_s = max_pages, float(max_age_s)
+        self.enabled = skips and max_pages > 0  # offloads may skip pages it knows (unknown)
         self._trim()
-
-    @property
-    def enabled(self) -> bool:
-        """Whether offloads may skip pages the index knows (``unknown``)."""
-        return self.skips and self.max_pages > 0
 
     # ---------------------------------------------------------------- pages
 
