@@ -23,7 +23,7 @@ from radixlink.linker.parts import LinkerParts
 from radixlink.linker.records import Offload, pool_page_bytes
 from radixlink.linker.revalidate import Revalidation
 from radixlink.linker.worker import Completion
-from radixlink.tree.node import BACKBONE_POOL
+from radixlink.tree.stored import BACKBONE_POOL
 
 _OFFLOAD = LinkerTransferPhase.OFFLOAD
 

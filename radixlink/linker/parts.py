@@ -30,7 +30,7 @@ from radixlink.memory.host import StagingArena
 from radixlink.metrics import LatencyHistogram
 from radixlink.stores.base import Store
 from radixlink.stores.codec import PageCodec
-from radixlink.tree.node import StoredPages
+from radixlink.tree.stored import StoredPages
 
 
 class Completions:

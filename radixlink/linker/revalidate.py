@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from radixlink.contract import PoolName
-from radixlink.tree.node import StoredPages
+from radixlink.tree.stored import StoredPages
 
 # Verdicts, ordered for a MIN over ranks: one rank that lost a page decides for all.
 LOST, PRESENT, NO_OPINION = 0, 1, 2

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from radixlink.contract import PoolName
-from radixlink.tree.node import StoredPages as KnownPages
+from radixlink.tree.stored import StoredPages as KnownPages
 
 KV, SWA = PoolName.KV, PoolName.SWA
 

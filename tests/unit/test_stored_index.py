@@ -13,7 +13,8 @@ import serving
 from radixlink.cache import UnifiedCache
 from radixlink.config import CacheConfig
 from radixlink.contract import PoolName
-from radixlink.tree.node import StoredPages, TreeNode
+from radixlink.tree.node import TreeNode
+from radixlink.tree.stored import StoredPages
 
 KV = PoolName.KV
 

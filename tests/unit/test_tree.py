@@ -107,9 +107,6 @@ class RecordingLinker:
     def before_evict(self, node: Any) -> None:
         self.calls.append(("before_evict", node.values[0].tolist()))
 
-    def on_split(self, parent: Any, child: Any) -> None:
-        self.calls.append(("on_split", (parent.seq_len, child.seq_len)))
-
 
 def test_linker_hooks_are_called_while_attached() -> None:
     """Scenario: attach a linker; match with a req_id -> lookup (its external_hit_len kept);
