@@ -81,6 +81,7 @@ class ExternalCacheLinker:
         self._loader = Loader(self.parts, self.offload)
         self._closed = False
         cache.attach_linker(self)
+        self.parts.adopt_index()
 
     # ---------------------------------------------------------------- the cache's calls
 

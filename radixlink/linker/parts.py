@@ -153,6 +153,17 @@ class LinkerParts:
                            if k not in ("encoded", "decoded")})
         return dict(misses)
 
+    def adopt_index(self) -> None:
+        """Take the tree's stored index over (once attached): empty it (what an earlier linker
+        recorded may be another store's) and set its bound, age and skipping."""
+        config, stored = self.config, self.stored
+        stored.clear()
+        # NOTE: rank-local knowledge would let ranks write different pages; a zero
+        # revalidation age trusts no confirmation: offloads then skip nothing (the index
+        # still holds the marks).
+        stored.configure(config.max_known_pages, config.revalidate_after_s or 1.0,
+                         skips=self.world_size == 1 and config.revalidate_after_s > 0)
+
     def replicated(self, name: PoolName) -> bool:
         """Whether pool ``name`` is identical on every rank (written by rank 0 only)."""
         pool = self.cache.pool(name)
@@ -166,10 +177,6 @@ def build_parts(cache: Any, store: Store, ranks: RankGroup, config: LinkerConfig
                          max_cached_bytes=min(config.max_inflight_bytes, 256 << 20))
     worker = TransferWorker(store, config.num_threads, arena)
     stored: StoredPages = cache.tree.stored
-    # NOTE: rank-local knowledge would let ranks write different pages; a zero revalidation
-    # age trusts no confirmation: offloads then skip nothing (the index still holds marks).
-    stored.configure(config.max_known_pages, config.revalidate_after_s or 1.0,
-                     skips=ranks.world_size == 1 and config.revalidate_after_s > 0)
     return LinkerParts(
         cache=cache, config=config, store=store,
         guard=StoreGuard(store, CircuitBreaker(config.breaker)), ranks=ranks, worker=worker,

@@ -70,6 +70,12 @@ class StoredPages:
         self.enabled = skips and max_pages > 0  # offloads may skip pages it knows (unknown)
         self._trim()
 
+    def clear(self) -> None:
+        """Forget every page (a new linker attaches: its store may be another)."""
+        self._pages.clear()
+        self._inflight.clear()
+        self._size = 0
+
     # ---------------------------------------------------------------- pages
 
     def add(self, pool: Any, hashes: Iterable[str], at: float | None = None) -> None:

@@ -9,10 +9,14 @@ from typing import Any
 
 import pytest
 import serving
+import torch
 
 from radixlink.cache import UnifiedCache
 from radixlink.config import CacheConfig
 from radixlink.contract import PoolName
+from radixlink.linker.core import ExternalCacheLinker
+from radixlink.memory.layout import KVLayout
+from radixlink.stores.memory import MemoryStore
 from radixlink.tree.node import TreeNode
 from radixlink.tree.stored import StoredPages
 
@@ -99,3 +103,27 @@ def test_a_node_without_an_index_or_hashes_has_no_marks() -> None:
     assert node.offload_inflight == 0
     with pytest.raises(ValueError, match="enable_external_cache_linker"):
         node.external_cache_stored = True
+
+
+def test_a_new_linker_trusts_nothing_an_earlier_one_recorded() -> None:
+    """#23 (one stored index): linker 1 offloads A to store 1 and closes; linker 2 attaches to
+    the same cache with store 2. A's next hit writes A to store 2. The old node marks outlived
+    linker 1, so A stayed marked stored and store 2 never got it."""
+    layout = KVLayout(num_layers=1, num_kv_heads=1, head_dim=4, dtype=torch.float32,
+                      page_size=4)
+    cache = UnifiedCache(CacheConfig(page_size=4, num_tokens=64, kv_layout=layout,
+                                     enable_external_cache_linker=True))
+    a = list(range(100, 116))
+    first, second = MemoryStore(1 << 20), MemoryStore(1 << 20)
+    linker = ExternalCacheLinker(cache, first)
+    serve(cache, a)
+    assert linker.flush(timeout=10) and cache.match_prefix(a).last_node.external_cache_stored
+    linker.close()
+    linker = ExternalCacheLinker(cache, second)
+    assert not cache.match_prefix(a).last_node.external_cache_stored
+    serve(cache, a)
+    assert linker.flush(timeout=10)
+    assert linker.stats()["offloaded_pages"] == 4 and second.stats()["pages"] == 4
+    assert cache.match_prefix(a).last_node.external_cache_stored
+    linker.close()
+    cache.check_invariants()
