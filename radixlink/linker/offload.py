@@ -60,6 +60,7 @@ class Offloader:
         self.parts = parts
         config, ranks = parts.config, parts.ranks
         self.cache, self.ranks, self.stored = parts.cache, ranks, parts.stored
+        self.rank, self.world_size = ranks.rank, parts.world_size
         self.write_policy = write_policy = config.write_policy
         self.threshold = (1 if write_policy is WritePolicy.WRITE_THROUGH
                           else config.write_through_threshold)
@@ -67,7 +68,7 @@ class Offloader:
         # NOTE: a clock would batch differently on each rank, and ranks must submit the same
         # jobs in the same order: with several ranks every offload goes out at once.
         self.batch_pages = batch_pages
-        self.batch_window_s = batch_window_s if ranks.world_size == 1 else 0.0
+        self.batch_window_s = batch_window_s if self.world_size == 1 else 0.0
         self._last_sent = -float("inf")
         self._page_bytes: dict[PoolName, int] = {}
         self._inflight: dict[int, Offload] = {}  # ticket -> offload
@@ -185,38 +186,40 @@ class Offloader:
             return
         queued, self._queued = self._queued, []
         self._last_sent = time.monotonic()
-        rank = self.ranks.rank
-        skip = {t.name for _, t in batch.transfers if rank != 0 and self.parts.replicated(t.name)}
+        skip: set[PoolName] = set()
+        if self.rank != 0:
+            skip = {t.name for _, t in batch.transfers if self.parts.replicated(t.name)}
         parts, _ = select_pages(batch, self.cache, self.parts.keyspace, self.stored, skip)
         # NOTE: with several ranks a rank with nothing to write (replicated pools on rank > 0)
         # still submits its (empty) job: every rank must submit the same jobs.
-        if not parts and self.ranks.world_size == 1:  # all known: write nothing
+        if not parts and self.world_size == 1:  # all known: write nothing
             self._inflight_bytes -= batch.num_bytes
             for hashes in queued:
                 self.stored.clear_inflight(hashes, batch.ticket)
             self._stats["known_offloads"] += 1
             return
-        job, ready = offload_job(parts, self.cache, self.parts.codec, self.parts.arena,
-                                 self._side_stream())
+        stream = None if self.cache.device.type != "cuda" else self._side_stream()
+        job, ready = offload_job(parts, self.cache, self.parts.codec, self.parts.arena, stream)
         job_id = self.parts.jobs.submit(job)
         self._tickets[job_id] = batch.ticket
         # NOTE: what a confirmed write makes stored: the pages written here, and those of
         # pools another rank writes (the rank group agrees on success)
-        written: list[tuple[PoolName, Sequence[str]]] = [
-            (t.name, t.keys) for _, t in batch.transfers if t.name in skip]
-        written += [(name, hashes) for name, part in parts.items() for hashes in part.hashes]
+        written: list[tuple[PoolName, Sequence[str]]] = []
+        if skip:
+            written = [(t.name, t.keys) for _, t in batch.transfers if t.name in skip]
+        num_pages = 0
+        for name, part in parts.items():
+            num_pages += len(part.keys)
+            written.extend(zip([name] * len(part.hashes), part.hashes))
         self._inflight[batch.ticket] = Offload(
             ticket=batch.ticket, nodes=batch.nodes, num_bytes=batch.num_bytes,
-            num_pages=sum(len(part.keys) for part in parts.values()), written=written,
-            ready=ready, hashes=queued)
+            num_pages=num_pages, written=written, ready=ready, hashes=queued)
         self._stats["offload_batches"] += 1
 
     def _side_stream(self) -> Any:
-        device = self.cache.device
-        if device.type != "cuda":
-            return None
+        """CUDA: the side stream offload gathers run on (made once)."""
         if self._stream is None:
-            self._stream = torch.cuda.Stream(device)
+            self._stream = torch.cuda.Stream(self.cache.device)
         return self._stream
 
     # ---------------------------------------------------------------- completions and marks
@@ -227,7 +230,7 @@ class Offloader:
         way its pages are no longer in flight, so a failed one is retried on a later hit."""
         offload = self._inflight.pop(self._tickets.pop(done.job_id))
         self._inflight_bytes -= offload.num_bytes
-        ok = self.ranks.all_ok(done.ok)
+        ok = done.ok if self.world_size == 1 else self.ranks.all_ok(done.ok)
         events = getattr(self.cache, "kv_events", None)
         if ok:
             self._stats["offloaded_pages"] += offload.num_pages

@@ -43,6 +43,7 @@ class Revalidation:
     def __init__(self, ranks: Any, guard: Any, stored: StoredPages, page_keys: PageKeys,
                  max_age_s: float, stats: Counter[str]):
         self.ranks, self.guard, self.stored = ranks, guard, stored
+        self.world_size = ranks.world_size
         self.page_keys, self.max_age_s, self._stats = page_keys, max_age_s, stats
 
     def run(self, node: Any, namespace: Any, events: Any = None) -> None:
@@ -60,14 +61,14 @@ class Revalidation:
                 stored.append(node)
             node = node.parent
         limit = time.monotonic() - self.max_age_s
-        stale = [item for item in stored if (item.stored_at or 0.0) <= limit]
-        if self.ranks.world_size == 1 and not stale:
+        stale = [item for item in stored if (item.stored_at or 0.0) <= limit] if stored else []
+        if self.world_size == 1 and not stale:
             return
         if not stored:  # NOTE: the same on every rank: no collective is skipped on one only
             return
         local = self._check(stale, namespace)
         verdicts = [local.get(id(item), NO_OPINION) for item in stored]
-        if self.ranks.world_size > 1:
+        if self.world_size > 1:
             verdicts = self.ranks.all_reduce_min(verdicts)
         now = time.monotonic()
         for item, verdict in zip(stored, verdicts, strict=True):
