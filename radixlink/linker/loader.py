@@ -2,7 +2,8 @@
 cancellation, waiting and completion processing (DESIGN.md section 5b, "Load").
 
 Owns the load lifecycle: what a lookup found (``RememberedLookups``), loads in flight
-(``LoadTable``) and what a finished transfer becomes (published and committed, or ABORTed).
+(``LoadTable``), what a finished transfer becomes (published and committed, or ABORTed) and
+the ``LoadOutcome`` / ``Landing`` records (``outcomes.py``) each member gets.
 Built from the linker's ``LinkerParts`` and the ``Offloader`` (which owns offload completions
 and the stored index's marks); never reaches the ``ExternalCacheLinker`` facade. Reaches the
 tree only through the cache's public facade (``peek_prefix``, ``insert_loaded`` via
@@ -14,25 +15,19 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
+
 from radixlink.checks import check_req_id, check_seconds
 from radixlink.contract import MatchResult
 from radixlink.cost import Source
 from radixlink.linker.jobs import load_job
 from radixlink.linker.loads import LoadTable, Member, Transfer
-from radixlink.linker.lookup import PageHashMemo, RememberedLookups, find_restorable
+from radixlink.linker.lookup import Lookup, PageHashMemo, RememberedLookups, find_restorable
 from radixlink.linker.offload import Offloader
-from radixlink.linker.outcomes import (
-    Landing,
-    LoadOutcome,
-    failure_outcome,
-    failure_reason,
-    landing,
-    success_outcomes,
-)
+from radixlink.linker.outcomes import Landing, LoadOutcome
 from radixlink.linker.parts import LinkerParts
 from radixlink.linker.phases import lock_device_prefix, publish, release, reserve
 from radixlink.linker.progress import LayerProgress
-from radixlink.linker.records import Lookup
 from radixlink.linker.worker import Completion, TransferStatus
 
 
@@ -275,3 +270,58 @@ class Loader:
         out = {**self.loads.stats(), **self.lookups.stats()}
         out["hash_reuses"] = self.page_hashes.hits
         return out
+
+
+# ---------------------------------------------------------------- outcomes
+
+
+def success_outcomes(cache: Any, transfer: Transfer) -> list[LoadOutcome]:
+    """Per member of a published transfer: the restored prefix (read-only peek), a lock on it
+    taken for the member, and the member's own lock on its device prefix released."""
+    lookup = transfer.reservation.lookup
+    match = cache.peek_prefix(lookup.tokens, namespace=lookup.namespace)
+    loaded_len = max(0, match.prefix_len - lookup.prefix_len)
+    out = []
+    for member in transfer.members:
+        handle = cache.lock(match.last_node)
+        cache.unlock(member.handle)
+        out.append(LoadOutcome(
+            req_id=member.req_id, ok=True, prefix_len=match.prefix_len,
+            device_indices=match.device_indices, last_node=match.last_node, lock=handle,
+            loaded_len=loaded_len, match=match,
+        ))
+    return out
+
+
+def failure_outcome(member: Member, reason: str) -> LoadOutcome:
+    """The member's own device prefix, under its own lock (which the outcome hands over)."""
+    return LoadOutcome(
+        req_id=member.req_id, ok=False, prefix_len=member.lookup.prefix_len,
+        device_indices=member.device_slots, last_node=member.handle.node, lock=member.handle,
+        reason=reason,
+    )
+
+
+def failure_reason(done: Completion, transfer: Transfer, closed: bool) -> str:
+    """Why a finished transfer is not published (it failed here or on another rank)."""
+    if not done.ok:
+        return done.detail or done.status.value
+    return "cancelled" if transfer.cancelled else "closed" if closed else "another rank failed"
+
+
+def landing(member: Member, progress: LayerProgress | None) -> Landing | None:
+    """Where ``member``'s load is landing (device prefix + reserved slots) and its per-layer
+    wait; None when the transfer has no landing progress or no FULL slots."""
+    transfer = member.transfer
+    if transfer is None or progress is None:
+        return None
+    reservation = transfer.reservation
+    full = reservation.full
+    if full is None or full.device_indices is None:
+        return None
+    lookup = reservation.lookup
+    progress.watch()
+    return Landing(req_id=member.req_id, prefix_len=len(lookup.tokens),
+                   loaded_len=len(lookup.tokens) - lookup.prefix_len,
+                   device_indices=torch.cat([reservation.device_slots, full.device_indices]),
+                   progress=progress)

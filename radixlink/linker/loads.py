@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
+from radixlink.linker.lookup import Lookup
 from radixlink.linker.outcomes import LoadOutcome
 from radixlink.linker.phases import Reservation
-from radixlink.linker.records import Lookup
 
 
 @dataclass(slots=True, kw_only=True, eq=False)

@@ -1,6 +1,7 @@
-"""LOOKUP: hashes of a request's device-uncached tail, which prefix lengths the store can restore
-(through the one pure rule in ``restorable.py``), the bounded memory of lookups that ``load()``
-may still claim, and the memo of page hashes a lookup computed (``PageHashMemo``).
+"""LOOKUP: what a lookup found (``Lookup``), hashes of a request's device-uncached tail, which
+prefix lengths the store can restore (through the one pure rule in ``restorable.py``), the
+bounded memory of lookups that ``load()`` may still claim, and the memo of page hashes a
+lookup computed (``PageHashMemo``).
 
 Owns no tree state; reads the tree only through a ``MatchResult`` and component hooks, and
 the linker only through its explicit ``LinkerParts``. Store presence comes through the parts'
@@ -12,6 +13,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,8 +22,39 @@ from radixlink.contract import LinkerTransferPhase, MatchResult, PoolTransfer
 from radixlink.cost import choose_load_pages
 from radixlink.hashing import page_hashes
 from radixlink.linker.parts import LinkerParts
-from radixlink.linker.records import Lookup
 from radixlink.linker.restorable import presence_from_store, restorable_prefix_pages
+
+
+@dataclass(slots=True, kw_only=True)
+class Lookup:
+    """What ``match_prefix(req_id=...)`` found in the store for one request.
+
+    ``keys`` are the chained page hashes of the restorable tail (``num_pages`` of them),
+    page 0 = first device-uncached page; ``namespace`` is the resolved (layered) one.
+    """
+
+    tokens: Any  # numpy uint32 copy of the whole-page key, [0, prefix_len + num_pages * ps)
+    prefix_len: int
+    last_node: Any
+    keys: list[str]
+    namespace: Any = None
+    created: float = 0.0  # time.monotonic() of the lookup
+
+    @property
+    def num_pages(self) -> int:
+        return len(self.keys)
+
+    @property
+    def num_bytes(self) -> int:
+        """Host memory this lookup pins while remembered (tokens and key strings)."""
+        return int(self.tokens.nbytes) + sum(map(len, self.keys)) + 49 * len(self.keys)
+
+    @property
+    def signature(self) -> tuple[str, int, int]:
+        """Identifies the pages and where they start: the last chained hash names the whole
+        prefix (namespace included)."""
+        return (self.keys[-1], len(self.keys), self.prefix_len)
+
 
 
 def tail_hashes(cache: Any, result: MatchResult, tokens: np.ndarray, namespace: Any) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,12 +21,29 @@ from radixlink.contract import InsertParams, LinkerTransferPhase, PoolName
 from radixlink.linker.config import WritePolicy
 from radixlink.linker.jobs import Batch, offload_job, select_pages
 from radixlink.linker.parts import LinkerParts
-from radixlink.linker.records import Offload, pool_page_bytes
+from radixlink.linker.records import pool_page_bytes
 from radixlink.linker.revalidate import Revalidation
 from radixlink.linker.worker import Completion
 from radixlink.tree.stored import BACKBONE_POOL
 
 _OFFLOAD = LinkerTransferPhase.OFFLOAD
+
+
+@dataclass(slots=True, kw_only=True)
+class Offload:
+    """One offload in flight: the nodes it covers when queued, their backbone page hashes
+    (marked in flight with ``ticket`` in the stored index; split fragments hold sub-lists of
+    them), the pages it makes stored once confirmed, and the bytes it counts against the
+    budget."""
+
+    ticket: int
+    nodes: list[Any]
+    num_bytes: int
+    num_pages: int
+    written: list[tuple[PoolName, Sequence[str]]]  # (pool, page hashes) stored once confirmed
+    ready: Any = None  # CUDA: the event of the gather into staging (None on CPU)
+    hashes: list[Sequence[str]] = field(default_factory=list)
+
 
 
 class Offloader:

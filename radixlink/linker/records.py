@@ -1,14 +1,14 @@
-"""Records of the linker: what a lookup found and an offload in flight (what the engine gets
-back, ``LoadOutcome`` and ``Landing``, lives in ``outcomes.py``); plus the pool adapters that
-move page bytes between pools and staging frames.
+"""The pool adapters of the linker: page bytes between pools and staging frames, a pool's page
+size, fingerprint and replication, and the KV bytes a loaded token brings. (What a lookup
+found is ``lookup.Lookup``; an offload in flight ``offload.Offload``; what the engine gets back
+``outcomes.LoadOutcome`` / ``Landing``.)
 
-Owns plain data and byte movement between pools and host buffers. Must not touch the tree.
+Owns byte movement between pools and host buffers. Must not touch the tree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,53 +17,6 @@ import torch
 from radixlink.contract import PoolName, PoolTransfer
 from radixlink.linker.staging import Frames
 from radixlink.memory.pools import KVPool, MambaStatePool
-
-
-@dataclass(slots=True, kw_only=True)
-class Lookup:
-    """What ``match_prefix(req_id=...)`` found in the store for one request.
-
-    ``keys`` are the chained page hashes of the restorable tail (``num_pages`` of them),
-    page 0 = first device-uncached page; ``namespace`` is the resolved (layered) one.
-    """
-
-    tokens: Any  # numpy uint32 copy of the whole-page key, [0, prefix_len + num_pages * ps)
-    prefix_len: int
-    last_node: Any
-    keys: list[str]
-    namespace: Any = None
-    created: float = 0.0  # time.monotonic() of the lookup
-
-    @property
-    def num_pages(self) -> int:
-        return len(self.keys)
-
-    @property
-    def num_bytes(self) -> int:
-        """Host memory this lookup pins while remembered (tokens and key strings)."""
-        return int(self.tokens.nbytes) + sum(map(len, self.keys)) + 49 * len(self.keys)
-
-    @property
-    def signature(self) -> tuple[str, int, int]:
-        """Identifies the pages and where they start: the last chained hash names the whole
-        prefix (namespace included)."""
-        return (self.keys[-1], len(self.keys), self.prefix_len)
-
-
-@dataclass(slots=True, kw_only=True)
-class Offload:
-    """One offload in flight: the nodes it covers when queued, their backbone page hashes
-    (marked in flight with ``ticket`` in the stored index; split fragments hold sub-lists of
-    them), the pages it makes stored once confirmed, and the bytes it counts against the
-    budget."""
-
-    ticket: int
-    nodes: list[Any]
-    num_bytes: int
-    num_pages: int
-    written: list[tuple[PoolName, Sequence[str]]]  # (pool, page hashes) stored once confirmed
-    ready: Any = None  # CUDA: the event of the gather into staging (None on CPU)
-    hashes: list[Sequence[str]] = field(default_factory=list)
 
 
 def page_ids(slots: torch.Tensor, page_size: int) -> Any:
