@@ -47,10 +47,11 @@ class LinkerConfig:
         breaker: the time budget and circuit breaker of store calls on the caller's thread.
         max_lookups, max_lookup_bytes, lookup_ttl_s: bounds on lookups remembered for
             ``load()`` (count, host bytes, age; the age bound is off with several ranks).
-        max_known_pages: pages the stored index (``tree.stored``) holds at most; pages stay
-            there after their nodes left the device, so a prefix inserted again is not
-            written again. Past it the earliest confirmed go (their nodes are offloaded again
-            on a later hit). 0: unbounded, and offloads skip no page.
+        max_known_pages: pages the stored index (``tree.stored``) holds beyond what the
+            device pools hold; pages stay there after their nodes left the device, so a
+            prefix inserted again is not written again. Past the bound the earliest confirmed
+            go (their nodes are offloaded again on a later hit). 0: unbounded, and offloads
+            skip no page.
     """
 
     write_policy: WritePolicy | str = WritePolicy.WRITE_THROUGH

@@ -155,13 +155,20 @@ class LinkerParts:
 
     def adopt_index(self) -> None:
         """Take the tree's stored index over (once attached): empty it (what an earlier linker
-        recorded may be another store's) and set its bound, age and skipping."""
+        recorded may be another store's) and set its bound (``max_known_pages`` beyond what
+        the device pools hold, so the marks of nodes on the device rarely go), age and
+        skipping."""
         config, stored = self.config, self.stored
         stored.clear()
+        bound = config.max_known_pages
+        if bound:
+            for name in PoolName:
+                pool = self.cache.pool(name)
+                bound += getattr(pool, "num_pages", 0) or getattr(pool, "num_states", 0)
         # NOTE: rank-local knowledge would let ranks write different pages; a zero
         # revalidation age trusts no confirmation: offloads then skip nothing (the index
         # still holds the marks).
-        stored.configure(config.max_known_pages, config.revalidate_after_s or 1.0,
+        stored.configure(bound, config.revalidate_after_s or 1.0,
                          skips=self.world_size == 1 and config.revalidate_after_s > 0)
 
     def replicated(self, name: PoolName) -> bool:
