@@ -45,7 +45,6 @@ class Offload:
     hashes: list[Sequence[str]] = field(default_factory=list)
 
 
-
 class Offloader:
     """Decides which nodes go to the store and records them in the stored index until, and
     once, the store confirms.
