@@ -22,7 +22,7 @@ from radixlink.contract import (
 from radixlink.errors import StoreError, TransferError
 from radixlink.hashing import Namespace, page_hashes
 from radixlink.linker.core import ExternalCacheLinker
-from radixlink.linker.records import LoadOutcome
+from radixlink.linker.outcomes import LoadOutcome
 from radixlink.memory import KVLayout, KVPool, MambaStatePool, PagedAllocator, StateLayout
 from radixlink.nocache import NoPrefixCache
 from radixlink.stores import PageCodec, Store, open_store

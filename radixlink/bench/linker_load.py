@@ -101,7 +101,7 @@ def measure(store_url: str, *, num_pages: int, rounds: int, seed: int = 0) -> di
         # (payloads 16-byte aligned, so the scatter needs no repacking) in the same arena.
         size = len(store.get(keys[:1])[0] or b"")
         stride, lead = frame_stride(size), LEAD
-        buffer, view = linker.arena.acquire(num_pages * stride)
+        buffer, view = linker.parts.arena.acquire(num_pages * stride)
         payloads = buffer.as_strided((num_pages, page_bytes), (stride, 1),
                                      lead + size - page_bytes)
         read = _raw_read(store, keys, view, stride, lead, size)

@@ -5,10 +5,22 @@ Owns defaults and range checks only; builds nothing.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from radixlink.linker.breaker import BreakerConfig
-from radixlink.linker.offload import WRITE_POLICIES, WritePolicy
+
+
+class WritePolicy(str, enum.Enum):
+    """When nodes are exported: on their first hit (the creating insert counts), on their
+    N-th hit, or just before eviction frees their data."""
+
+    WRITE_THROUGH = "write_through"
+    WRITE_THROUGH_SELECTIVE = "write_through_selective"
+    WRITE_BACK = "write_back"
+
+
+WRITE_POLICIES = tuple(policy.value for policy in WritePolicy)
 
 MAX_THREADS = 64
 """Most store transfer threads a linker starts (each is an OS thread with its own stack)."""
@@ -29,13 +41,17 @@ class LinkerConfig:
             and counted.
         load_timeout_s: default per-request load deadline, counted from ``load()`` (slots are
             freed when the worker returns, never before).
-        revalidate_after_s: a stored mark older than this is re-checked on the next hit.
+        revalidate_after_s: a stored mark older than this is re-checked on the next hit, and
+            an offload skips only pages confirmed more recently (0: it skips none).
         num_threads: store transfer threads, 1 to ``MAX_THREADS`` (64).
         breaker: the time budget and circuit breaker of store calls on the caller's thread.
         max_lookups, max_lookup_bytes, lookup_ttl_s: bounds on lookups remembered for
             ``load()`` (count, host bytes, age; the age bound is off with several ranks).
-        max_known_pages: store keys remembered as stored after their nodes left the device,
-            so a prefix inserted again is not written again (0: off).
+        max_known_pages: pages the stored index (``tree.stored``) holds beyond what the
+            device pools hold; pages stay there after their nodes left the device, so a
+            prefix inserted again is not written again. Past the bound the earliest confirmed
+            go (their nodes are offloaded again on a later hit). 0: unbounded, and offloads
+            skip no page.
     """
 
     write_policy: WritePolicy | str = WritePolicy.WRITE_THROUGH

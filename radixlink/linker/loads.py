@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
+from radixlink.linker.lookup import Lookup
+from radixlink.linker.outcomes import LoadOutcome
 from radixlink.linker.phases import Reservation
-from radixlink.linker.records import LoadOutcome, Lookup
 
 
 @dataclass(slots=True, kw_only=True, eq=False)
@@ -134,7 +135,7 @@ class LoadTable:
     def expired(self, now: float, agree: Callable[[list[bool]], list[bool]]) -> list[Member]:
         """Waiting members past their own deadline at ``now``, as ``agree`` (the ranks' OR, a
         collective while anyone waits) decides."""
-        waiting = self.waiting()
+        waiting = list(self._members.values())
         if not waiting:
             return []
         late = agree([now >= member.deadline for member in waiting])

@@ -1,17 +1,19 @@
-"""LOOKUP: hashes of a request's device-uncached tail, which prefix lengths the store can restore
-(through the one pure rule in ``restorable.py``), and the bounded memory of lookups that
-``load()`` may still claim.
+"""LOOKUP: what a lookup found (``Lookup``), hashes of a request's device-uncached tail, which
+prefix lengths the store can restore (through the one pure rule in ``restorable.py``), the
+bounded memory of lookups that ``load()`` may still claim, and the memo of page hashes a
+lookup computed (``PageHashMemo``).
 
-Owns no tree state; reads the tree only through a ``MatchResult`` and component hooks. Store
-presence comes through the linker's ``StoreGuard`` (time budget + circuit breaker): a failed,
-skipped or slow store is a miss.
+Owns no tree state; reads the tree only through a ``MatchResult`` and component hooks, and
+the linker only through its explicit ``LinkerParts``. Store presence comes through the parts'
+``StoreGuard`` (time budget + circuit breaker): a failed, skipped or slow store is a miss.
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,8 +21,40 @@ import numpy as np
 from radixlink.contract import LinkerTransferPhase, MatchResult, PoolTransfer
 from radixlink.cost import choose_load_pages
 from radixlink.hashing import page_hashes
-from radixlink.linker.records import Lookup
+from radixlink.linker.parts import LinkerParts
 from radixlink.linker.restorable import presence_from_store, restorable_prefix_pages
+
+
+@dataclass(slots=True, kw_only=True)
+class Lookup:
+    """What ``match_prefix(req_id=...)`` found in the store for one request.
+
+    ``keys`` are the chained page hashes of the restorable tail (``num_pages`` of them),
+    page 0 = first device-uncached page; ``namespace`` is the resolved (layered) one.
+    """
+
+    tokens: Any  # numpy uint32 copy of the whole-page key, [0, prefix_len + num_pages * ps)
+    prefix_len: int
+    last_node: Any
+    keys: list[str]
+    namespace: Any = None
+    created: float = 0.0  # time.monotonic() of the lookup
+
+    @property
+    def num_pages(self) -> int:
+        return len(self.keys)
+
+    @property
+    def num_bytes(self) -> int:
+        """Host memory this lookup pins while remembered (tokens and key strings)."""
+        return int(self.tokens.nbytes) + sum(map(len, self.keys)) + 49 * len(self.keys)
+
+    @property
+    def signature(self) -> tuple[str, int, int]:
+        """Identifies the pages and where they start: the last chained hash names the whole
+        prefix (namespace included)."""
+        return (self.keys[-1], len(self.keys), self.prefix_len)
+
 
 
 def tail_hashes(cache: Any, result: MatchResult, tokens: np.ndarray, namespace: Any) -> list[str]:
@@ -45,38 +79,58 @@ def lookup_transfers(components: Any, keys: list[str]) -> list[PoolTransfer]:
     return out
 
 
-def restorable_pages(linker: Any, keys: list[str], namespace: Any) -> list[int]:
+def restorable_pages(parts: LinkerParts, keys: list[str], namespace: Any) -> list[int]:
     """Every tail length (pages) this rank can restore; a failed or skipped store is none."""
-    components = linker.cache.components
+    components = parts.cache.components
     transfers = lookup_transfers(components, keys)
     if not transfers:
         return []
-    store_keys = [k for t in transfers for k in linker.store_keys(t, namespace)]
-    exists = linker.guard.exists(store_keys)
+    keyspace = parts.keyspace
+    store_keys = keyspace.keys(transfers[0].name, namespace, transfers[0].keys)
+    for transfer in transfers[1:]:
+        store_keys += keyspace.keys(transfer.name, namespace, transfer.keys)
+    guard = parts.guard
+    exists = guard.exists(store_keys)
     if exists is None:
-        linker.count("lookups_skipped" if linker.guard.last_skipped else "failures_lookup")
+        parts.stats["lookups_skipped" if guard.last_skipped else "failures_lookup"] += 1
         return []
-    linker.offload.forget_absent(transfers, exists)  # NOTE: evicted from the store: rewrite
-    windows = {c.pool_name: c.window_pages for c in components if c.window_pages > 0}
-    presence = presence_from_store(transfers, exists, window_pages=windows)
+    if parts.stored.enabled and not all(exists):  # NOTE: evicted from the store: rewrite
+        forget_absent(parts.stored, transfers, exists)
+    presence = presence_from_store(transfers, exists, window_pages=parts.windows)
     return restorable_prefix_pages(len(keys), presence).restorable_prefix_pages
 
 
-def find_restorable(linker: Any, result: MatchResult, key: bytes, namespace: Any) -> Lookup | None:
+def forget_absent(stored: Any, transfers: list[PoolTransfer], exists: list[bool]) -> None:
+    """A presence check (a LOOKUP) found some of ``transfers``' pages absent: the store
+    evicted them, so the stored index must not keep them (they are written again). Only
+    while the index lets offloads skip pages: with several ranks the lookups differ per
+    rank, so the index (fed by agreed events only) is left as it is."""
+    pos = 0
+    for transfer in transfers:
+        found = exists[pos : pos + len(transfer.keys)]
+        pos += len(transfer.keys)
+        if not all(found):
+            stored.discard(transfer.name, [h for h, hit in zip(transfer.keys, found) if not hit])
+
+
+def find_restorable(parts: LinkerParts, memo: PageHashMemo, result: MatchResult, key: bytes,
+                    namespace: Any) -> Lookup | None:
     """What the store can restore after the device match ``result`` of ``key`` (packed uint32
     tokens) in the resolved ``namespace``, agreed across ranks (a collective when there are
-    whole pages to look up), or None.
+    whole pages to look up), or None. The tail's hashes go into ``memo`` for the insert of
+    the same tokens that follows.
     """
-    ps, prefix = linker.page_size, result.prefix_len
+    ps, prefix = parts.page_size, result.prefix_len
     tokens = np.frombuffer(key, dtype="<u4")
     num_pages = len(tokens) // ps - prefix // ps
     if num_pages <= 0:
         return None
-    keys = tail_hashes(linker.cache, result, tokens, namespace)
+    keys = tail_hashes(parts.cache, result, tokens, namespace)
     # NOTE: the insert of these tokens that follows reuses the hashes (hashed once per page)
-    linker.page_hashes.remember(namespace, key, prefix // ps, keys)
-    pages = restorable_pages(linker, keys, namespace)
-    best = worth_loading(linker, linker.ranks.intersect(pages, num_pages), prefix)
+    memo.remember(namespace, key, prefix // ps, keys)
+    pages = restorable_pages(parts, keys, namespace)
+    common = pages if parts.world_size == 1 else parts.ranks.intersect(pages, num_pages)
+    best = worth_loading(parts, common, prefix)
     if not best:
         return None
     # NOTE: a copy of just the restorable prefix, so a remembered lookup never pins the
@@ -86,21 +140,21 @@ def find_restorable(linker: Any, result: MatchResult, key: bytes, namespace: Any
                   created=time.monotonic())
 
 
-def worth_loading(linker: Any, common: list[int], prefix: int) -> int:
+def worth_loading(parts: LinkerParts, common: list[int], prefix: int) -> int:
     """Of the restorable tail lengths every rank has, the one to load: the largest, or with a
     cost model the one that minimises the expected TTFT (possibly shorter, or 0 = none),
     agreed across ranks (a collective with several ranks; ``common`` is the same on all)."""
     most = max(common, default=0)
-    model = linker.cost_model
+    model = parts.cost_model
     if not most or model is None:
         return most
-    best = choose_load_pages(common, device_len=prefix, page_size=linker.page_size,
-                             bytes_per_token=linker.bytes_per_token, estimates=model.snapshot())
-    if linker.ranks.world_size > 1:
-        best = linker.ranks.agree_count(best)  # MIN: each rank's answer is in common, or 0
+    best = choose_load_pages(common, device_len=prefix, page_size=parts.page_size,
+                             bytes_per_token=parts.bytes_per_token, estimates=model.snapshot())
+    if parts.world_size > 1:
+        best = parts.ranks.agree_count(best)  # MIN: each rank's answer is in common, or 0
     if best < most:
-        linker.count("cost_declined_loads" if best == 0 else "cost_shortened_loads")
-        linker.count("cost_declined_pages", most - best)
+        parts.stats["cost_declined_loads" if best == 0 else "cost_shortened_loads"] += 1
+        parts.stats["cost_declined_pages"] += most - best
     return best
 
 
@@ -133,7 +187,9 @@ class RememberedLookups:
 
     def put(self, req_id: Any, lookup: Lookup | None) -> None:
         """Remember ``lookup`` for ``req_id`` (None forgets a previous one)."""
-        self.drop(req_id)
+        previous = self._items.pop(req_id, None)
+        if previous is not None:
+            self._bytes -= previous.num_bytes
         if lookup is None:
             return
         self._items[req_id] = lookup
@@ -173,3 +229,46 @@ class RememberedLookups:
     def stats(self) -> dict[str, int]:
         return {"lookups_remembered": len(self._items), "lookup_bytes_remembered": self._bytes,
                 "lookups_dropped": self.num_dropped}
+
+
+_MAX_ENTRIES = 8
+
+
+class PageHashMemo:
+    """Recent lookups' chained page hashes, found again by the tokens they cover.
+
+    An entry says: in ``namespace``, the pages ``[first, first + len(hashes))`` of the packed
+    uint32 ``key`` have chain hashes ``hashes``. Since a chain hash depends only on the
+    namespace and the tokens up to its page, those hashes are right for any other key that
+    shares those tokens (checked with one ``startswith`` per entry, newest first).
+    """
+
+    def __init__(self, page_size: int, max_entries: int = _MAX_ENTRIES):
+        self.page_bytes = page_size * 4
+        self._entries: deque[tuple[Any, bytes, int, list[str]]] = deque(maxlen=max_entries)
+        self.hits = 0
+
+    def remember(self, namespace: Any, key: bytes, first: int, hashes: list[str]) -> None:
+        """Remember the hashes of pages ``first..`` of ``key`` (packed uint32 tokens)."""
+        if hashes:
+            covered = (first + len(hashes)) * self.page_bytes
+            self._entries.append((namespace, key[:covered], first, hashes))
+
+    def hashes_for(self, key: bytes, namespace: Any) -> tuple[int, list[str]] | None:
+        """Precomputed hashes for ``key``: ``(first page, hashes)`` covering a run of its
+        pages, or None. Only pages where ``key`` and a remembered key agree are covered."""
+        for ns, known, first, hashes in reversed(self._entries):
+            if ns != namespace:
+                continue
+            if key.startswith(known):
+                self.hits += 1
+                return first, hashes
+            if known.startswith(key):  # a shorter key: the pages it has
+                usable = len(key) // self.page_bytes - first
+                if usable > 0:
+                    self.hits += 1
+                    return first, hashes[:usable]
+        return None
+
+    def clear(self) -> None:
+        self._entries.clear()

@@ -22,7 +22,7 @@ from radixlink.contract import (
     PoolName,
     PoolTransfer,
 )
-from radixlink.linker.records import Lookup
+from radixlink.linker.lookup import Lookup
 
 _PREPARE, _COMMIT, _ABORT = (
     ExternalLinkerLoadPhase.PREPARE,

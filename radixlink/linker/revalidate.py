@@ -1,10 +1,13 @@
 """Revalidation of stored marks (DESIGN.md section 5b, "Offload" and "Ranks decide alike"):
-stale marks on a hit node's path are re-checked with one presence call, and nodes whose pages
-the store lost are unmarked, so the write policy offloads them again.
+stale marks on a hit node's path (their pages' confirmation in the stored index is older than
+the age) are re-checked with one presence call; the pages of nodes the store lost leave the
+index, so the write policy offloads them again; the pages of nodes it still holds are
+confirmed again.
 
 Owns the verdict on each mark. Must not submit jobs or touch slots. With several ranks the
 verdict is agreed (one MIN all-reduce per insert whose path holds a stored mark): every rank
-unmarks the same nodes, so every rank re-offloads the same chain and their collectives pair.
+forgets the same nodes' pages, so every rank re-offloads the same chain and their collectives
+pair.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from radixlink.contract import PoolName
-from radixlink.linker.known import KnownPages
+from radixlink.tree.stored import StoredPages
 
 # Verdicts, ordered for a MIN over ranks: one rank that lost a page decides for all.
 LOST, PRESENT, NO_OPINION = 0, 1, 2
@@ -30,16 +33,17 @@ class Revalidation:
     Args:
         ranks: the rank group (agreement with several ranks).
         guard: the linker's ``StoreGuard`` (presence under the time budget and breaker).
-        known: the record of pages known to be stored (kept in step with the verdicts).
+        stored: the stored index (the verdicts are applied to it).
         page_keys: a node's store keys and pages (``PageKeys``).
         max_age_s: a mark older than this is re-checked (``revalidate_after_s``).
         stats: the offload counters (``revalidations``, ``failures_revalidate``,
             ``lost_nodes``).
     """
 
-    def __init__(self, ranks: Any, guard: Any, known: KnownPages, page_keys: PageKeys,
+    def __init__(self, ranks: Any, guard: Any, stored: StoredPages, page_keys: PageKeys,
                  max_age_s: float, stats: Counter[str]):
-        self.ranks, self.guard, self.known = ranks, guard, known
+        self.ranks, self.guard, self.stored = ranks, guard, stored
+        self.world_size = ranks.world_size
         self.page_keys, self.max_age_s, self._stats = page_keys, max_age_s, stats
 
     def run(self, node: Any, namespace: Any, events: Any = None) -> None:
@@ -57,25 +61,28 @@ class Revalidation:
                 stored.append(node)
             node = node.parent
         limit = time.monotonic() - self.max_age_s
-        stale = [item for item in stored if (item.stored_at or 0.0) <= limit]
-        if self.ranks.world_size == 1 and not stale:
+        stale = [item for item in stored if (item.stored_at or 0.0) <= limit] if stored else []
+        if self.world_size == 1 and not stale:
             return
         if not stored:  # NOTE: the same on every rank: no collective is skipped on one only
             return
         local = self._check(stale, namespace)
         verdicts = [local.get(id(item), NO_OPINION) for item in stored]
-        if self.ranks.world_size > 1:
+        if self.world_size > 1:
             verdicts = self.ranks.all_reduce_min(verdicts)
         now = time.monotonic()
         for item, verdict in zip(stored, verdicts, strict=True):
-            if verdict == LOST:
-                item.external_cache_stored = False
-                item.stored_at = None
+            if verdict == LOST:  # NOTE: every pool's pages of it are written again
+                for name, page in self.page_keys(item, namespace)[1]:
+                    self.stored.discard(name, (page,))
+                item.external_cache_stored = False  # its backbone pages, offloaded or not
                 self._stats["lost_nodes"] += 1
                 if events is not None:
                     events.emit_node("removed", "store", item)
             elif verdict == PRESENT and local.get(id(item)) == PRESENT:
-                item.stored_at = now  # NOTE: only where this rank itself saw its pages
+                # NOTE: only where this rank itself saw its pages (a time, not membership)
+                for name, page in self.page_keys(item, namespace)[1]:
+                    self.stored.refresh(name, (page,), now)
 
     def _check(self, stale: list[Any], namespace: Any) -> dict[int, int]:
         """This rank's verdict per stale node (by ``id``), from one presence call; empty when
@@ -89,13 +96,8 @@ class Revalidation:
             return {}
         self._stats["revalidations"] += 1
         out, pos = {}, 0
-        for item, (keys, pages) in zip(stale, per_node, strict=True):
+        for item, (keys, _) in zip(stale, per_node, strict=True):
             found = present[pos : pos + len(keys)]
             pos += len(keys)
-            for (name, page), hit in zip(pages, found, strict=True):
-                if hit:
-                    self.known.add(name, (page,))
-                else:
-                    self.known.discard(name, (page,))
             out[id(item)] = PRESENT if all(found) else LOST
         return out

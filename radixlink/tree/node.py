@@ -1,4 +1,5 @@
-"""Tree records: the node, the lock receipt, and the effect/context records of one tree call.
+"""Tree records: the node (its store marks are views on the tree's stored index,
+``stored.StoredPages``), the lock receipt, and the effect/context records of one tree call.
 
 Owns plain data only. Behaviour lives in tree.py (structure) and in the components (data).
 """
@@ -10,9 +11,9 @@ from typing import Any, NewType
 import torch
 
 from radixlink.contract import ComponentType, InsertParams, InsertResult
+from radixlink.tree.stored import BACKBONE_POOL, StoredPages
 
 NodeId = NewType("NodeId", int)
-
 
 class TreeNode:
     """One radix-tree node. Its edge ``key`` is a whole number of pages (packed bytes).
@@ -38,9 +39,7 @@ class TreeNode:
         "hash_value",
         "hit_count",
         "last_access",
-        "external_cache_stored",
-        "stored_at",
-        "offload_inflight",
+        "stored",
         "namespace",
     )
 
@@ -56,10 +55,57 @@ class TreeNode:
         self.hash_value: list[str] | None = None
         self.hit_count = 0
         self.last_access = 0
-        self.external_cache_stored = False
-        self.stored_at: float | None = None  # time.monotonic() of the confirming offload/load
-        self.offload_inflight = 0  # 0, or the linker's ticket of the offload covering this node
+        # The tree's stored index (``StoredPages``), shared down from the root; the store
+        # marks below are views on it, by this node's page hashes.
+        self.stored: StoredPages | None = None if parent is None else parent.stored
         self.namespace: Any = None  # roots only: the namespace whose chain starts here
+
+    # ---------------------------------------------------------------- store marks (views)
+
+    @property
+    def external_cache_stored(self) -> bool:
+        """The store holds this node's pages (every backbone page confirmed in the index)."""
+        index, hashes = self.stored, self.hash_value
+        return index is not None and hashes is not None and index.holds(hashes)
+
+    @external_cache_stored.setter
+    def external_cache_stored(self, value: bool) -> None:
+        index, hashes = self._index()
+        if value:
+            index.add(BACKBONE_POOL, hashes)
+        else:
+            index.discard(BACKBONE_POOL, hashes)
+
+    @property
+    def stored_at(self) -> float | None:
+        """When the store last confirmed this node's pages (the oldest page), or None."""
+        index, hashes = self.stored, self.hash_value
+        return None if index is None or hashes is None else index.confirmed_at(hashes)
+
+    @stored_at.setter
+    def stored_at(self, value: float | None) -> None:
+        index, hashes = self._index()
+        if value is None:
+            index.discard(BACKBONE_POOL, hashes)
+        else:
+            index.add(BACKBONE_POOL, hashes, at=value)
+
+    @property
+    def offload_inflight(self) -> int:
+        """0, or the linker's ticket of the offload queued or in flight for this node."""
+        index, hashes = self.stored, self.hash_value
+        return 0 if index is None or hashes is None else index.ticket(hashes)
+
+    @offload_inflight.setter
+    def offload_inflight(self, ticket: int) -> None:
+        index, hashes = self._index()
+        index.set_inflight(hashes, ticket)
+
+    def _index(self) -> tuple[StoredPages, list[str]]:
+        if self.stored is None or self.hash_value is None:
+            raise ValueError(f"{self!r} has no page hashes or stored index: store marks need a "
+                             "tree built with enable_external_cache_linker=True")
+        return self.stored, self.hash_value
 
     @property
     def num_tokens(self) -> int:

@@ -39,9 +39,6 @@ class TreeObserver(Protocol):
         """Eviction is about to free some of ``node``'s data (its full KV, its SWA window or
         its state); all of it is still intact."""
 
-    def on_split(self, parent: TreeNode, child: TreeNode) -> None:
-        """``parent`` was just cut from the front of ``child`` (hashes and marks copied)."""
-
 
 class Component(Protocol):
     """What the tree needs from one kind of cached state (FULL, SWA, MAMBA).

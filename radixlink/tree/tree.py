@@ -19,6 +19,7 @@ from radixlink.tree.keys import TOKEN_BYTES, common_prefix_bytes
 from radixlink.tree.locks import LockTable
 from radixlink.tree.node import Effects, InsertContext, LockHandle, MatchPath, TreeNode
 from radixlink.tree.protocol import Component, TreeObserver
+from radixlink.tree.stored import StoredPages
 
 
 class RadixTree:
@@ -54,8 +55,10 @@ class RadixTree:
         self.hash_algo = hash_algo
         self.clock = 0
         self.num_nodes = 0
-        # NOTE: set while a linker is attached; one None check per victim and per split.
+        # NOTE: set while a linker is attached; one None check per victim.
         self.observer: TreeObserver | None = None
+        # Which pages the store holds (the nodes' store marks are views on it, by page hash).
+        self.stored = StoredPages()
         self.kv_events: Any = None  # a KVEventQueue: device STORED / REMOVED per node
         self._next_id = 0
         self._root_ids: set[int] = set()
@@ -232,9 +235,6 @@ class RadixTree:
         parent.seq_len = node.start + num_tokens
         parent.hit_count = node.hit_count
         parent.last_access = node.last_access
-        parent.external_cache_stored = node.external_cache_stored
-        parent.stored_at = node.stored_at
-        parent.offload_inflight = node.offload_inflight
         if node.hash_value is not None:
             pages = num_tokens // self.page_size
             parent.hash_value = node.hash_value[:pages]
@@ -247,8 +247,6 @@ class RadixTree:
         self.num_nodes += 1
         for component in self.components:
             component.split(parent, node)
-        if self.observer is not None:
-            self.observer.on_split(parent, node)
         return parent
 
     # ------------------------------------------------------------------ removal / eviction
@@ -371,6 +369,7 @@ class RadixTree:
     def _new_root(self, namespace: Any) -> TreeNode:
         self._next_id += 1
         root = TreeNode(self._next_id, b"", None, self.num_components)
+        root.stored = self.stored
         root.namespace = namespace
         self._root_ids.add(id(root))
         return root

@@ -58,7 +58,7 @@ def test_missing_window_or_state_restores_the_longest_legal_shorter_prefix(
     shorter legal prefix (20 tokens, the first node's end) is restored, byte-identical."""
     cache_a, linker_a = offloaded(kind, store)
     last = cache_a.match_prefix(TOKENS)
-    key = linker_a.store_keys(PoolTransfer(name=pool, keys=[last.last_node.hash_value[-1]]))
+    key = linker_a.parts.store_keys(PoolTransfer(name=pool, keys=[last.last_node.hash_value[-1]]))
     assert store.delete(key) == 1
     cache_b = make_cache(kind)
     linker_b = ExternalCacheLinker(cache_b, store)
@@ -169,7 +169,7 @@ def test_swa_offload_exports_only_the_trailing_window_pages(store: MemoryStore) 
     assert linker.flush(timeout=10)
     node = cache.match_prefix(TOKENS[:20]).last_node
     hashes = list(node.hash_value)
-    swa = linker.store_keys(PoolTransfer(name=PoolName.SWA, keys=hashes))
-    full = linker.store_keys(PoolTransfer(name=PoolName.KV, keys=hashes))
+    swa = linker.parts.store_keys(PoolTransfer(name=PoolName.SWA, keys=hashes))
+    full = linker.parts.store_keys(PoolTransfer(name=PoolName.KV, keys=hashes))
     assert store.exists(swa) == [False, False, False, True, True]
     assert all(store.exists(full))

@@ -156,7 +156,7 @@ def test_an_ancestor_the_store_lost_is_exported_again(store) -> None:
     serve(cache, st)
     assert linker.flush(timeout=10)
     s_node = cache.match_prefix(s).last_node
-    keys = linker.store_keys(PoolTransfer(name=PoolName.KV, keys=list(s_node.hash_value)),
+    keys = linker.parts.store_keys(PoolTransfer(name=PoolName.KV, keys=list(s_node.hash_value)),
                              cache.config.namespace)
     assert store.delete(keys) == len(keys)
     serve(cache, st + list(range(700, 708)))
@@ -177,7 +177,7 @@ def test_write_back_exports_a_state_before_its_own_eviction_frees_it(store) -> N
     serve(cache, xy)
     keep = cache.lock(cache.match_prefix(xy).last_node)
     x_node = cache.match_prefix(x).last_node
-    state_key = linker.store_keys(PoolTransfer(name=PoolName.MAMBA,
+    state_key = linker.parts.store_keys(PoolTransfer(name=PoolName.MAMBA,
                                                keys=[x_node.hash_value[-1]]))
     assert not any(store.exists(state_key))
     assert cache.evict(EvictParams(mamba_num=1)).mamba_num_evicted == 1
@@ -239,7 +239,7 @@ def test_a_timed_out_load_never_delays_another_loads_outcome(store) -> None:
 
 def _keys(linker: ExternalCacheLinker, cache: Any, tokens: list[int]) -> list[str]:
     hashes = page_hashes(tokens, PS, cache.config.namespace)
-    return linker.store_keys(PoolTransfer(name=PoolName.KV, keys=hashes),
+    return linker.parts.store_keys(PoolTransfer(name=PoolName.KV, keys=hashes),
                              cache.config.namespace)
 
 

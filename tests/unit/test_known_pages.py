@@ -1,13 +1,14 @@
-"""``KnownPages``: the record of pages known to be in the store. It answers which pages still
-need a write, trusts a confirmation for at most its age bound, holds about ``max_pages`` pages,
-forgets pages the store lost, and with ``max_pages=0`` knows nothing."""
+"""``StoredPages`` (the stored index, once ``KnownPages``): the record of pages known to be in
+the store. It answers which pages still need a write, trusts a confirmation for at most its age
+bound, holds about ``max_pages`` pages, forgets pages the store lost, and with ``max_pages=0``
+lets no write be skipped."""
 
 from __future__ import annotations
 
 import pytest
 
 from radixlink.contract import PoolName
-from radixlink.linker.known import KnownPages
+from radixlink.tree.stored import StoredPages as KnownPages
 
 KV, SWA = PoolName.KV, PoolName.SWA
 

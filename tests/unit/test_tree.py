@@ -107,9 +107,6 @@ class RecordingLinker:
     def before_evict(self, node: Any) -> None:
         self.calls.append(("before_evict", node.values[0].tolist()))
 
-    def on_split(self, parent: Any, child: Any) -> None:
-        self.calls.append(("on_split", (parent.seq_len, child.seq_len)))
-
 
 def test_linker_hooks_are_called_while_attached() -> None:
     """Scenario: attach a linker; match with a req_id -> lookup (its external_hit_len kept);
@@ -138,8 +135,9 @@ def test_linker_hooks_are_called_while_attached() -> None:
 
 def test_backup_chain_stops_at_stored_or_inflight_ancestors() -> None:
     """Scenario: path A(8) -> B(8) -> C(8). Nothing stored: chain [A, B, C]; A stored:
-    [B, C]; B in flight: [C]; C itself stored: []."""
-    cache = make()
+    [B, C]; B in flight: [C]; C itself stored: []. (Marks are views on the tree's stored
+    index, by page hash: the tree hashes its pages.)"""
+    cache = make(enable_external_cache_linker=True)
     serve(cache, [1] * 8)
     serve(cache, [1] * 16)
     c = serve(cache, [1] * 24).last_node

@@ -1,0 +1,327 @@
+"""The loader: LOOKUP, LOAD (prepare, transfer, verify, publish, commit or abort), landing,
+cancellation, waiting and completion processing (DESIGN.md section 5b, "Load").
+
+Owns the load lifecycle: what a lookup found (``RememberedLookups``), loads in flight
+(``LoadTable``), what a finished transfer becomes (published and committed, or ABORTed) and
+the ``LoadOutcome`` / ``Landing`` records (``outcomes.py``) each member gets.
+Built from the linker's ``LinkerParts`` and the ``Offloader`` (which owns offload completions
+and the stored index's marks); never reaches the ``ExternalCacheLinker`` facade. Reaches the
+tree only through the cache's public facade (``peek_prefix``, ``insert_loaded`` via
+``publish``, ``lock`` / ``unlock``) and the components' linker hooks.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from radixlink.checks import check_req_id, check_seconds
+from radixlink.contract import MatchResult
+from radixlink.cost import Source
+from radixlink.linker.jobs import load_job
+from radixlink.linker.loads import LoadTable, Member, Transfer
+from radixlink.linker.lookup import Lookup, PageHashMemo, RememberedLookups, find_restorable
+from radixlink.linker.offload import Offloader
+from radixlink.linker.outcomes import Landing, LoadOutcome
+from radixlink.linker.parts import LinkerParts
+from radixlink.linker.phases import lock_device_prefix, publish, release, reserve
+from radixlink.linker.progress import LayerProgress
+from radixlink.linker.worker import Completion, TransferStatus
+
+
+class Loader:
+    """Loads for one linker (see the module docstring).
+
+    Args:
+        parts: the linker's shared parts.
+        offloader: applies offload completions.
+    """
+
+    def __init__(self, parts: LinkerParts, offloader: Offloader):
+        self.parts, self.offloader = parts, offloader
+        self.cache, self.ranks, self.stats = parts.cache, parts.ranks, parts.stats
+        self.world_size = parts.world_size
+        config = parts.config
+        # NOTE: with several ranks an age bound would drop a lookup on one rank only.
+        ttl = config.lookup_ttl_s if self.world_size == 1 else None
+        self.lookups = RememberedLookups(config.max_lookups, config.max_lookup_bytes, ttl)
+        self.page_hashes = PageHashMemo(parts.page_size)
+        self.loads = LoadTable()
+        self._progress: dict[int, LayerProgress] = {}  # load job -> its landing progress
+        self.closed = False
+
+    # ---------------------------------------------------------------- LOOKUP
+
+    def lookup(self, result: MatchResult, key: bytes, req_id: Any, namespace: Any) -> None:
+        """Fill ``result.external_hit_len`` and remember what ``load(req_id)`` fetches."""
+        found = find_restorable(self.parts, self.page_hashes, result, key, namespace)
+        self.stats["lookups"] += 1
+        result.external_hit_len = 0 if found is None else found.num_pages * self.parts.page_size
+        if found is not None:
+            self.stats["lookup_hit_pages"] += found.num_pages
+        self.lookups.put(req_id, found)
+
+    # ---------------------------------------------------------------- LOAD
+
+    def load(self, req_id: Any, timeout_s: float | None) -> bool:
+        """Lock the device prefix as the lookup saw it, PREPARE and queue the transfer (or
+        join an identical one); False (nothing held) when there is nothing to load."""
+        check_req_id(req_id)
+        limit = self.parts.config.load_timeout_s if timeout_s is None else check_seconds(
+            "load(timeout_s=)", timeout_s)
+        self.loads.check_new(req_id)
+        lookup = self.lookups.pop(req_id)
+        if lookup is None or self.closed:
+            return False
+        locked = lock_device_prefix(self.cache, lookup)
+        ok = locked is not None
+        if self.world_size > 1:
+            ok = self.ranks.all_ok(ok)
+        if not ok:
+            if locked is not None:
+                self.cache.unlock(locked[0])
+            self.stats["stale_lookups"] += 1
+            return False
+        assert locked is not None
+        member = Member(req_id=req_id, lookup=lookup, handle=locked[0], device_slots=locked[1],
+                        deadline=time.monotonic() + limit)
+        shared = self.loads.shared(lookup)
+        if shared is not None:
+            self.loads.join(member, shared)
+            self.stats["shared_loads"] += 1
+            return True
+        transfer = self._start_transfer(lookup, locked[1])
+        if transfer is None:
+            self.cache.unlock(member.handle)
+            self.stats["failures_prepare"] += 1
+            return False
+        self.loads.join(member, transfer)
+        self.stats["loads_started"] += 1
+        return True
+
+    def _start_transfer(self, lookup: Lookup, device_slots: Any) -> Transfer | None:
+        """PREPARE on every component (agreed across ranks) and queue the worker job."""
+        reservation = reserve(self.cache, lookup, device_slots)
+        # NOTE: one rank short of room fails it on all
+        ok = reservation is not None
+        if self.world_size > 1:
+            ok = self.ranks.all_ok(ok)
+        if not ok:
+            if reservation is not None:
+                release(self.cache, reservation)
+            return None
+        assert reservation is not None
+        parts = self.parts
+        keyspace, namespace = parts.keyspace, lookup.namespace
+        job = load_job(reservation.transfers, self.cache, parts.codec,
+                       lambda t: keyspace.keys(t.name, namespace, t.keys), parts.arena)
+        transfer = Transfer(job_id=parts.jobs.submit(job), reservation=reservation)
+        assert job.progress is not None
+        self._progress[transfer.job_id] = job.progress
+        self.loads.start(transfer)
+        return transfer
+
+    def landing(self, req_id: Any) -> Landing | None:
+        """Where the in-flight load of ``req_id`` is landing, or None."""
+        member = self.loads.member(check_req_id(req_id))
+        if member is None or member.transfer is None:
+            return None
+        return landing(member, self._progress.get(member.transfer.job_id))
+
+    def cancel(self, req_id: Any) -> bool:
+        """Forget the lookup of ``req_id``, leave its load, release an outcome it never took;
+        whether anything was held."""
+        found = self.lookups.drop(check_req_id(req_id))
+        member = self.loads.member(req_id)
+        if member is not None:
+            self._leave(member)
+            self.cache.unlock(member.handle)
+            self.stats["cancelled_loads"] += 1
+            found = True
+        outcome = self.loads.take(req_id)
+        if outcome is not None:
+            self.cache.unlock(outcome.lock)
+            found = True
+        return found
+
+    # ---------------------------------------------------------------- completions
+
+    def poll(self) -> list[LoadOutcome]:
+        """Apply what finished, fail members past their deadline; the outcomes not taken."""
+        self.process()
+        self._expire()
+        return self.loads.take_all()
+
+    def wait(self, req_id: Any, timeout: float | None) -> LoadOutcome:
+        """Block until the load of ``req_id`` finishes or its deadline passes."""
+        check_req_id(req_id)
+        if timeout is not None:
+            check_seconds("wait_load(timeout=)", timeout, allow_zero=True)
+        outcome = self.loads.take(req_id)
+        if outcome is not None:
+            return outcome
+        member = self.loads.member(req_id)
+        if member is None:
+            raise ValueError(f"no load in flight for request {req_id!r}; call load() first "
+                             "(or its outcome was already taken)")
+        if timeout is not None:
+            member.deadline = min(member.deadline, time.monotonic() + timeout)
+        while True:
+            left = member.deadline - time.monotonic()
+            self.process(block_for=min(max(left, 0.0), 0.05))
+            self._expire()
+            outcome = self.loads.take(req_id)
+            if outcome is not None:
+                return outcome
+
+    def process(self, block_for: float | None = None) -> None:
+        """Apply the finished transfers that are ready (``Completions``): loads here,
+        offloads by the offloader."""
+        for done in self.parts.jobs.ready(block_for):
+            self.parts.metrics.observe(done)
+            transfer = self.loads.finish(done.job_id)
+            if transfer is not None:
+                self._finish(transfer, done)
+            else:
+                self.offloader.finish(done)
+
+    def _expire(self) -> None:
+        """Members past their own deadline fail now (agreed across ranks); the transfer goes
+        on for the others."""
+        agree = list if self.world_size == 1 else self.ranks.any_of
+        for member in self.loads.expired(time.monotonic(), agree):
+            self._leave(member)
+            self.stats["failures_timeout"] += 1
+            self._put(failure_outcome(member, "timeout"))
+
+    def _leave(self, member: Member) -> None:
+        transfer = self.loads.leave(member)
+        if transfer is not None:  # its last member left: stop the job; ABORT on completion
+            self.parts.worker.cancel(transfer.job_id)
+            self.stats["cancelled_transfers"] += 1
+
+    def _put(self, outcome: LoadOutcome) -> None:
+        if self.closed:  # NOTE: nobody will take it: release its lock now
+            self.cache.unlock(outcome.lock)
+        else:
+            self.loads.put(outcome)
+
+    def _finish(self, transfer: Transfer, done: Completion) -> None:
+        """Publish ``transfer`` (every rank's part landed and verified) or ABORT it, and hand
+        each member its outcome (steps 4-5; a collective with several ranks)."""
+        self._progress.pop(transfer.job_id, None)
+        reservation, cache, stats = transfer.reservation, self.cache, self.stats
+        ok = done.ok and not transfer.cancelled and not self.closed
+        if self.world_size > 1:
+            ok = self.ranks.all_ok(ok)
+        if done.status is TransferStatus.CORRUPT:
+            stats["checksum_misses"] += 1
+        reason = "" if ok else failure_reason(done, transfer, self.closed)
+        if ok:
+            lookup = reservation.lookup  # NOTE: the publish's insert reuses the lookup's hashes
+            self.page_hashes.remember(lookup.namespace, lookup.tokens.tobytes(),
+                                      lookup.prefix_len // self.parts.page_size, lookup.keys)
+            try:
+                publish(cache, cache.components, reservation)
+            except ValueError as exc:  # the insert refused before changing anything
+                ok, reason = False, f"publish refused: {exc}"
+                stats["failures_publish"] += 1
+        if not ok:
+            if reason != "cancelled":
+                stats["failures_load"] += 1
+            failed = [failure_outcome(member, reason) for member in transfer.members]
+            release(cache, reservation)
+            for outcome in failed:
+                self._put(outcome)
+            return
+        # NOTE: verified pages are in the store: the nodes they cover whole are stored now (a
+        # node starting below the loaded tail also holds device pages nobody checked)
+        now, stored = time.monotonic(), self.parts.stored
+        for part in reservation.transfers:
+            if part is not None:
+                stored.add(part.name, part.keys, at=now)
+        model = self.parts.cost_model
+        if model is not None:
+            model.observe_load(Source.STORE, done.num_bytes, done.seconds)
+        stats["loaded_bytes"] += done.num_bytes
+        stats["loaded_pages"] += reservation.lookup.num_pages
+        outcomes = success_outcomes(cache, transfer)
+        cache.unlock(reservation.handle)
+        for outcome in outcomes:
+            stats["loaded_tokens"] += outcome.loaded_len  # the store tier's hits
+            self._put(outcome)
+
+    # ---------------------------------------------------------------- close
+
+    def close(self) -> None:
+        """No new loads; transfers not yet finished are cancelled (aborted on completion)."""
+        self.closed = True
+        for transfer in self.loads.transfers():  # NOTE: aborted anyway; skip their writes
+            self.parts.worker.cancel(transfer.job_id)
+
+    def release_outcomes(self) -> None:
+        """Release the locks of outcomes nobody took (after ``close``)."""
+        for outcome in self.loads.take_all():
+            self.cache.unlock(outcome.lock)
+
+    def gauges(self) -> dict[str, int]:
+        out = {**self.loads.stats(), **self.lookups.stats()}
+        out["hash_reuses"] = self.page_hashes.hits
+        return out
+
+
+# ---------------------------------------------------------------- outcomes
+
+
+def success_outcomes(cache: Any, transfer: Transfer) -> list[LoadOutcome]:
+    """Per member of a published transfer: the restored prefix (read-only peek), a lock on it
+    taken for the member, and the member's own lock on its device prefix released."""
+    lookup = transfer.reservation.lookup
+    match = cache.peek_prefix(lookup.tokens, namespace=lookup.namespace)
+    loaded_len = max(0, match.prefix_len - lookup.prefix_len)
+    out = []
+    for member in transfer.members:
+        handle = cache.lock(match.last_node)
+        cache.unlock(member.handle)
+        out.append(LoadOutcome(
+            req_id=member.req_id, ok=True, prefix_len=match.prefix_len,
+            device_indices=match.device_indices, last_node=match.last_node, lock=handle,
+            loaded_len=loaded_len, match=match,
+        ))
+    return out
+
+
+def failure_outcome(member: Member, reason: str) -> LoadOutcome:
+    """The member's own device prefix, under its own lock (which the outcome hands over)."""
+    return LoadOutcome(
+        req_id=member.req_id, ok=False, prefix_len=member.lookup.prefix_len,
+        device_indices=member.device_slots, last_node=member.handle.node, lock=member.handle,
+        reason=reason,
+    )
+
+
+def failure_reason(done: Completion, transfer: Transfer, closed: bool) -> str:
+    """Why a finished transfer is not published (it failed here or on another rank)."""
+    if not done.ok:
+        return done.detail or done.status.value
+    return "cancelled" if transfer.cancelled else "closed" if closed else "another rank failed"
+
+
+def landing(member: Member, progress: LayerProgress | None) -> Landing | None:
+    """Where ``member``'s load is landing (device prefix + reserved slots) and its per-layer
+    wait; None when the transfer has no landing progress or no FULL slots."""
+    transfer = member.transfer
+    if transfer is None or progress is None:
+        return None
+    reservation = transfer.reservation
+    full = reservation.full
+    if full is None or full.device_indices is None:
+        return None
+    lookup = reservation.lookup
+    progress.watch()
+    return Landing(req_id=member.req_id, prefix_len=len(lookup.tokens),
+                   loaded_len=len(lookup.tokens) - lookup.prefix_len,
+                   device_indices=torch.cat([reservation.device_slots, full.device_indices]),
+                   progress=progress)

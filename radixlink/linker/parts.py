@@ -1,0 +1,193 @@
+"""``LinkerParts``: what the loader and the offloader share, built once by the
+``ExternalCacheLinker`` facade: the cache, the store and its guard, page codecs and store keys,
+ranks, the worker and the completions of the jobs submitted to it, the staging arena, the
+stored index, the counters and histograms, and the cost model.
+
+Owns building those parts and the small bookkeeping both sides use (``Completions``, the
+counters). Must not reach the loader, the offloader or the facade: they are built from it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixlink.contract import PoolName, PoolTransfer
+from radixlink.cost import EstimateTracker
+from radixlink.linker.breaker import CircuitBreaker, StoreGuard
+from radixlink.linker.config import LinkerConfig
+from radixlink.linker.ranks import RankGroup
+from radixlink.linker.records import (
+    kv_bytes_per_token,
+    pool_fingerprint,
+    pool_page_bytes,
+    pool_replicated,
+)
+from radixlink.linker.storekeys import StoreKeys
+from radixlink.linker.worker import Completion, Job, TransferKind, TransferWorker
+from radixlink.memory.host import StagingArena
+from radixlink.metrics import LatencyHistogram
+from radixlink.stores.base import Store
+from radixlink.stores.codec import PageCodec
+from radixlink.tree.stored import StoredPages
+
+
+class Completions:
+    """Submitted jobs and their finished transfers, ready in an order every rank agrees on:
+    each as it arrives with one rank; with several, exactly those finished on every rank (an
+    agreed mask over the pending jobs, the same list on every rank), in job order.
+
+    Args:
+        worker: the transfer worker the jobs run on.
+        ranks: the rank group (a collective per ``ready`` call with several ranks).
+    """
+
+    def __init__(self, worker: TransferWorker, ranks: RankGroup):
+        self.worker = worker
+        self.ranks = ranks
+        self.world_size = ranks.world_size
+        self._pending: set[int] = set()  # submitted, not yet handed out by ready()
+        self._done: dict[int, Completion] = {}  # finished here, not yet handed out
+
+    def submit(self, job: Job) -> int:
+        job_id = self.worker.submit(job)
+        self._pending.add(job_id)
+        return job_id
+
+    def ready(self, block_for: float | None = None) -> list[Completion]:
+        """The completions to apply now (each handed out once). With several ranks, call it on
+        every rank the same number of times: it is a collective while jobs are pending."""
+        for done in self.worker.drain(block_for=block_for):
+            self._done[done.job_id] = done
+        if self.world_size == 1:
+            jobs = list(self._done)
+        else:
+            if not self._pending:  # NOTE: the same on every rank, so no collective is skipped
+                return []
+            pending = sorted(self._pending)
+            agreed = self.ranks.all_reduce_min([int(j in self._done) for j in pending])
+            jobs = [job for job, bit in zip(pending, agreed) if bit]
+        for job_id in jobs:
+            self._pending.discard(job_id)
+        return list(map(self._done.pop, jobs))
+
+
+class LinkerStats:
+    """Counters plus one latency histogram per transfer kind (fed on the caller's thread;
+    docs/benchmarks.md, Observability)."""
+
+    def __init__(self) -> None:
+        self.counters: Counter[str] = Counter()
+        self.load_seconds = LatencyHistogram()
+        self.offload_seconds = LatencyHistogram()
+
+    def observe(self, done: Completion) -> None:
+        """Record one applied completion's transfer time (failed ones included)."""
+        hist = self.load_seconds if done.kind is TransferKind.LOAD else self.offload_seconds
+        hist.observe(done.seconds)
+
+    def snapshot(self, offload_stats: dict[str, Any], **gauges: int) -> dict[str, Any]:
+        """Counters, the offloader's stats, ``gauges`` and the two histograms' snapshots
+        under ``load_seconds`` / ``offload_seconds``."""
+        out: dict[str, Any] = dict(self.counters)
+        out.update(offload_stats)
+        out.update(gauges)
+        out["load_seconds"] = self.load_seconds.snapshot()
+        out["offload_seconds"] = self.offload_seconds.snapshot()
+        return out
+
+
+@dataclass(slots=True, eq=False, kw_only=True)
+class LinkerParts:
+    """The shared parts of one linker (see the module docstring). ``stats`` is
+    ``metrics.counters``; ``stored`` is the cache tree's stored index."""
+
+    cache: Any
+    config: LinkerConfig
+    store: Store
+    guard: StoreGuard
+    ranks: RankGroup
+    worker: TransferWorker
+    jobs: Completions
+    arena: StagingArena
+    metrics: LinkerStats
+    stored: StoredPages
+    cost_model: EstimateTracker | None
+    page_size: int
+    bytes_per_token: int
+    world_size: int  # the rank group's (fixed): checked on hot paths without a call
+    windows: dict[PoolName, int]  # pools with a window (SWA): their window pages
+    keyspace: StoreKeys = field(init=False)
+    _codecs: dict[PoolName, PageCodec] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.keyspace = StoreKeys(self.ranks.rank, self.replicated)
+
+    @property
+    def stats(self) -> Counter[str]:
+        return self.metrics.counters
+
+    def store_keys(self, transfer: PoolTransfer, namespace: Any = None) -> list[str]:
+        """Store keys of a transfer's pages: version / namespace / hash / pool [/ rank], in the
+        resolved ``namespace`` (``cache.resolve_namespace``)."""
+        return self.keyspace.keys(transfer.name, namespace, transfer.keys)
+
+    def codec(self, name: PoolName) -> PageCodec:
+        """The page codec of pool ``name`` (built once, sealed with the store's secret)."""
+        codec = self._codecs.get(name)
+        if codec is None:
+            pool = self.cache.pool(name)
+            if pool is None:
+                raise ValueError(f"the cache has no {name.value} pool; build it with a layout")
+            codec = PageCodec(pool_fingerprint(pool, name), pool_page_bytes(pool),
+                              secret=self.store.page_secret)
+            self._codecs[name] = codec
+        return codec
+
+    def codec_misses(self) -> dict[str, int]:
+        """Pages the codecs refused, by reason, over every pool."""
+        misses: Counter[str] = Counter()
+        for codec in self._codecs.values():
+            misses.update({k: v for k, v in codec.stats().items()
+                           if k not in ("encoded", "decoded")})
+        return dict(misses)
+
+    def adopt_index(self) -> None:
+        """Take the tree's stored index over (once attached): empty it (what an earlier linker
+        recorded may be another store's) and set its bound (``max_known_pages`` beyond what
+        the device pools hold, so the marks of nodes on the device rarely go), age and
+        skipping."""
+        config, stored = self.config, self.stored
+        stored.clear()
+        bound = config.max_known_pages
+        if bound:
+            for name in PoolName:
+                pool = self.cache.pool(name)
+                bound += getattr(pool, "num_pages", 0) or getattr(pool, "num_states", 0)
+        # NOTE: rank-local knowledge would let ranks write different pages; a zero
+        # revalidation age trusts no confirmation: offloads then skip nothing (the index
+        # still holds the marks).
+        stored.configure(bound, config.revalidate_after_s or 1.0,
+                         skips=self.world_size == 1 and config.revalidate_after_s > 0)
+
+    def replicated(self, name: PoolName) -> bool:
+        """Whether pool ``name`` is identical on every rank (written by rank 0 only)."""
+        pool = self.cache.pool(name)
+        return pool is not None and pool_replicated(pool)
+
+
+def build_parts(cache: Any, store: Store, ranks: RankGroup, config: LinkerConfig,
+                cost_model: EstimateTracker | None) -> LinkerParts:
+    """The parts of a linker on ``cache`` and ``store`` (threads start here)."""
+    arena = StagingArena(pinned=cache.device.type == "cuda",
+                         max_cached_bytes=min(config.max_inflight_bytes, 256 << 20))
+    worker = TransferWorker(store, config.num_threads, arena)
+    stored: StoredPages = cache.tree.stored
+    return LinkerParts(
+        cache=cache, config=config, store=store,
+        guard=StoreGuard(store, CircuitBreaker(config.breaker)), ranks=ranks, worker=worker,
+        jobs=Completions(worker, ranks), arena=arena, metrics=LinkerStats(), stored=stored,
+        cost_model=cost_model, page_size=cache.page_size,
+        bytes_per_token=kv_bytes_per_token(cache), world_size=ranks.world_size,
+        windows={c.pool_name: c.window_pages for c in cache.components if c.window_pages > 0})
