@@ -30,10 +30,10 @@ from radixlink.linker.progress import LayerProgress
 from radixlink.linker.ranks import LocalRankGroup, RankGroup
 from radixlink.linker.records import Landing, LoadOutcome, Lookup, kv_bytes_per_token
 from radixlink.linker.stats import LinkerStats
-from radixlink.linker.storekeys import StoreKeys
 from radixlink.linker.worker import Completion, Job, TransferWorker
 from radixlink.memory.host import StagingArena
 from radixlink.stores.base import Store
+from radixlink.stores.pageio import PageKeys
 from radixlink.stores.registry import open_store
 
 CLOSE_BUDGET_S = 2.0
@@ -105,7 +105,7 @@ class ExternalCacheLinker:
         self._jobs = Completions(self._worker, self.ranks)
         self._closed = False
         self.offload = OffloadPolicy(self, config)
-        self.keyspace = StoreKeys(self.ranks.rank, self.offload.replicated)
+        self.keyspace = PageKeys(self.ranks.rank, self.offload.replicated)
         self._finisher = LoadFinisher(cache, self.ranks, self.offload, self.page_hashes,
                                       self._stats, cost_model)
         cache.attach_linker(self)

@@ -43,6 +43,11 @@ class LoadFinisher:
         ok = self.ranks.all_ok(done.ok and not transfer.cancelled and not closed)
         if done.status is TransferStatus.CORRUPT:
             self._stats["checksum_misses"] += 1
+        if done.status in (TransferStatus.CORRUPT, TransferStatus.MISSING):
+            # NOTE: pageio deleted the bad pages: the recomputed ones must be written again
+            for t in reservation.transfers:
+                if t is not None:
+                    self.offload.known.discard(t.name, t.keys)
         reason = "" if ok else failure_reason(done, transfer, closed)
         if ok:
             lookup = reservation.lookup

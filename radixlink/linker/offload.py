@@ -21,7 +21,7 @@ from radixlink.linker.known import KnownPages
 from radixlink.linker.records import Offload, pool_fingerprint, pool_page_bytes, pool_replicated
 from radixlink.linker.revalidate import Revalidation
 from radixlink.linker.worker import Completion
-from radixlink.stores.codec import PageCodec
+from radixlink.stores.pageio import Codec, make_codec
 
 if TYPE_CHECKING:  # NOTE: config imports WritePolicy from here
     from radixlink.linker.config import LinkerConfig
@@ -84,7 +84,7 @@ class OffloadPolicy:
         trusted = linker.ranks.world_size == 1 and revalidate_after_s > 0
         self.known = KnownPages(config.max_known_pages if trusted else 0,
                                 revalidate_after_s or 1.0)
-        self._codecs: dict[PoolName, PageCodec] = {}
+        self._codecs: dict[PoolName, Codec] = {}
         self._page_bytes: dict[PoolName, int] = {}
         self._inflight: dict[int, Offload] = {}  # ticket -> offload
         self._tickets: dict[int, int] = {}  # worker job id -> ticket
@@ -98,14 +98,14 @@ class OffloadPolicy:
 
     # ---------------------------------------------------------------- pools
 
-    def codec(self, name: PoolName) -> PageCodec:
+    def codec(self, name: PoolName) -> Codec:
         codec = self._codecs.get(name)
         if codec is None:
             pool = self.linker.cache.pool(name)
             if pool is None:
                 raise ValueError(f"the cache has no {name.value} pool; build it with a layout")
-            codec = PageCodec(pool_fingerprint(pool, name), pool_page_bytes(pool),
-                              secret=self.linker.store.page_secret)
+            codec = make_codec(pool_fingerprint(pool, name), pool_page_bytes(pool),
+                               secret=self.linker.store.page_secret)
             self._codecs[name] = codec
         return codec
 
