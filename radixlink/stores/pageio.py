@@ -40,14 +40,15 @@ _HOLE = "{}"
 
 
 def make_codec(fingerprint: str, page_bytes: int, *, secret: Any = None,
-               checksum: str = "auto") -> PageCodec:
+               checksum: str = "auto", mac: str | None = None) -> PageCodec:
     """The codec of one pool: pages of ``page_bytes`` under layout ``fingerprint``, sealed
-    with ``secret`` (a store's ``page_secret``) when there is one.
+    with ``secret`` (a store's ``page_secret``, which brings its MAC; or bytes and ``mac``)
+    when there is one.
 
     Raises:
-        ValueError: a bad ``page_bytes``, checksum name or secret.
+        ValueError: a bad ``page_bytes``, checksum name, secret or MAC name.
     """
-    return PageCodec(fingerprint, page_bytes, checksum, secret=secret)
+    return PageCodec(fingerprint, page_bytes, checksum, secret=secret, mac=mac)
 
 
 # ---------------------------------------------------------------- keys
