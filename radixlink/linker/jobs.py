@@ -88,21 +88,24 @@ def offload_job(parts: dict[PoolName, PoolPart], cache: Any, codec_of: CodecOf,
     if not parts:
         return Job(kind=TransferKind.OFFLOAD, pools=[]), None
     names = list(parts)
-    staging, staged = stage_pages(arena, [(codec_of(name), parts[name].keys) for name in names])
-    blocks = [part.frames for part in staged]
+    wanted = []
+    for name in names:
+        wanted.append((codec_of(name), parts[name].keys))
+    staging, staged = stage_pages(arena, wanted)
+    pools = []
+    for name, part in zip(names, staged):
+        pools.append(PoolPages(name=name, keys=part.keys, codec=part.codec, frames=part.frames))
     ready = None
     if stream is None:
-        for name, frames in zip(names, blocks):
-            gather_pages(parts[name].pool, parts[name].parts, frames)
+        for pool in pools:
+            gather_pages(parts[pool.name].pool, parts[pool.name].parts, pool.frames)
     else:
         stream.wait_stream(torch.cuda.current_stream(stream.device))
         with torch.cuda.stream(stream):
-            for name, frames in zip(names, blocks):
-                gather_pages(parts[name].pool, parts[name].parts, frames)
+            for pool in pools:
+                gather_pages(parts[pool.name].pool, parts[pool.name].parts, pool.frames)
             ready = torch.cuda.Event()
             ready.record(stream)
-    pools = [PoolPages(name=name, keys=parts[name].keys, codec=part.codec, frames=part.frames)
-             for name, part in zip(names, staged)]
     return Job(kind=TransferKind.OFFLOAD, pools=pools, staging=staging, ready=ready), ready
 
 

@@ -25,7 +25,6 @@ from radixlink.linker.progress import LayerProgress
 from radixlink.memory.host import StagingArena
 from radixlink.stores import pageio
 from radixlink.stores.base import Store
-from radixlink.stores.frames import Frames
 
 
 class TransferKind(enum.Enum):
@@ -49,8 +48,9 @@ _LOAD, _OFFLOAD = TransferKind.LOAD, TransferKind.OFFLOAD
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PoolPages:
-    """One pool's part of a transfer: its store keys, codec and frames in the job's staging.
+class PoolPages(pageio.PageFrames):
+    """One pool's part of a transfer: its store keys, codec and frames in the job's staging
+    (a ``pageio.PageFrames``, which reads and writes them).
 
     Loads also name where the verified payloads land: ``land(layer)`` writes that layer (or,
     with ``layer=None``, everything) from the frames' payloads into the reserved slots;
@@ -58,15 +58,8 @@ class PoolPages:
     """
 
     name: PoolName
-    keys: list[str]
-    codec: pageio.Codec
-    frames: Frames
     land: Callable[[int | None], None] | None = None
     num_layers: int = 0
-
-    @property
-    def part(self) -> pageio.PageFrames:
-        return pageio.PageFrames(self.codec, self.keys, self.frames)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -282,10 +275,10 @@ class TransferWorker:
         pages are verified, so the copies overlap the engine's forward; the slots are private
         until publish, which still comes only after every page verified (a failure then
         fails the load and the engine drops what it computed)."""
-        parts = [pool.part for pool in job.pools]
+        parts = job.pools
         fetched = pageio.fetch(self.store, parts)
-        early = (job.progress is not None and job.progress.watched and fetched.complete
-                 and not self._is_cancelled(job_id))
+        early = (job.progress is not None and job.progress.watched
+                 and None not in fetched.sizes and not self._is_cancelled(job_id))
         landed = self._land(job_id, job) if early else False
         # NOTE: the one corrupt-page policy: every bad page counted, the present ones deleted
         read = pageio.check(self.store, parts, fetched)
@@ -341,8 +334,10 @@ class TransferWorker:
         """Encode every frame in place and write them all with one ``put``."""
         if job.ready is not None:
             job.ready.synchronize()  # the device-to-host gather has landed in staging
-        written = pageio.write(self.store, [pool.part for pool in job.pools])
-        num_bytes = sum(len(pool.keys) * pool.codec.frame_bytes for pool in job.pools)
+        written = pageio.write(self.store, job.pools)
+        num_bytes = 0
+        for pool in job.pools:
+            num_bytes += len(pool.keys) * pool.codec.frame_bytes
         failed = len(written.failed)
         return Completion(job_id=job_id, kind=_OFFLOAD,
                           status=TransferStatus.STORE_ERROR if failed else TransferStatus.OK,

@@ -9,7 +9,6 @@ the views it hands out; the codec fills headers in place; ``pageio`` reads and w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -94,11 +93,3 @@ def frames_bytes(sizes: list[tuple[int, int, int]]) -> int:
     """Bytes ``layout_frames`` needs for ``sizes``."""
     return sum(count * frame_stride(frame) for count, _, frame in sizes)
 
-
-def stage(arena: Any, sizes: list[tuple[int, int, int]]) -> tuple[tuple[torch.Tensor, memoryview],
-                                                                  list[Frames]]:
-    """A staging buffer from ``arena`` (a ``memory.host.StagingArena``) laid out as ``Frames``
-    for ``(count, page_bytes, frame_bytes)`` triples; give ``staging`` back with
-    ``arena.release(*staging)`` once its pages are written or landed."""
-    staging = arena.acquire(frames_bytes(sizes))
-    return staging, layout_frames(staging[0], staging[1], sizes)

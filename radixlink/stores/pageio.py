@@ -27,7 +27,7 @@ from radixlink.contract import PoolName
 from radixlink.hashing import namespace_id as _namespace_id
 from radixlink.stores.base import Store
 from radixlink.stores.codec import PageCodec
-from radixlink.stores.frames import Frames, stage  # noqa: F401  (stage: re-exported)
+from radixlink.stores.frames import Frames, frames_bytes, layout_frames
 from radixlink.stores.keys import page_key
 
 logger = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class PageKeys:
         if not callable(replicated):
             replicated = frozenset(replicated).__contains__
         self._replicated = replicated
-        self._ids: dict[Any, str] = {}
+        self._templates: dict[tuple[PoolName, Any], tuple[str, str]] = {}
 
     def rank_of(self, pool: PoolName) -> int | None:
         """The rank part of ``pool``'s keys (None: replicated)."""
@@ -108,17 +108,22 @@ class PageKeys:
 
     def keys(self, pool: PoolName, namespace: Any, hashes: Iterable[str]) -> list[str]:
         """The keys of ``hashes`` of ``pool`` in ``namespace``: a namespace id (str) or what
-        ``hashing.namespace_id`` takes (None, a ``Namespace``, a tuple of parts)."""
-        ns_id = namespace if isinstance(namespace, str) else self._id(namespace)
-        return page_keys(ns_id, pool, hashes, self.rank_of(pool))
+        ``hashing.namespace_id`` takes (None, a ``Namespace``, a tuple of parts). One string
+        join per page (the per-(pool, namespace) template is built once)."""
+        template = self._templates.get((pool, namespace))
+        if template is None:
+            template = self._template(pool, namespace)
+        head, tail = template
+        return [head + h + tail for h in hashes]
 
-    def _id(self, namespace: Any) -> str:
-        ns_id = self._ids.get(namespace)
-        if ns_id is None:
-            if len(self._ids) >= _MAX_TEMPLATES:
-                self._ids.clear()
-            ns_id = self._ids[namespace] = _namespace_id(namespace)
-        return ns_id
+    def _template(self, pool: PoolName, namespace: Any) -> tuple[str, str]:
+        ns_id = namespace if isinstance(namespace, str) else _namespace_id(namespace)
+        (key,) = page_keys(ns_id, pool, (_HOLE,), self.rank_of(pool))
+        head, tail = key.split(_HOLE)
+        if len(self._templates) >= _MAX_TEMPLATES:
+            self._templates.clear()  # NOTE: bounded with unbounded tenants (cache salts)
+        self._templates[(pool, namespace)] = (head, tail)
+        return head, tail
 
 
 def leading_present(flags: Sequence[bool]) -> int:
@@ -175,7 +180,7 @@ def present(store: Store, keys: Sequence[str], bad: BadKeys | None = None) -> li
 
 @dataclass(frozen=True, slots=True)
 class PageFrames:
-    """One pool's pages of a read or write: keys, codec and their frames in staging."""
+    """One pool's pages of a read or write: codec, keys and their frames in staging."""
 
     codec: PageCodec
     keys: Sequence[str]
@@ -188,17 +193,15 @@ class ReadResult:
 
     Attributes:
         reasons: per page (all parts, in order) None for a whole verified page, else why not.
-        bad_keys: the present bad pages' keys (deleted from the store unless ``keep_bad``).
+        ok: every page is a whole verified page.
+        bad_keys: the present bad pages' keys (deleted from the store).
         num_bytes: payload bytes verified.
     """
 
     reasons: list[str | None]
+    ok: bool = True
     bad_keys: list[str] = field(default_factory=list)
     num_bytes: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return not any(why is not None for why in self.reasons)
 
     def misses(self) -> Counter[str]:
         """Bad pages per reason."""
@@ -213,30 +216,32 @@ def stage_pages(arena: Any, pools: Sequence[tuple[PageCodec, Sequence[str]]]
     """Staging from ``arena`` (a ``memory.host.StagingArena``) for ``(codec, keys)`` per
     pool: one buffer, one ``PageFrames`` per pool. Give it back with
     ``arena.release(*staging)`` once its pages are written, or landed."""
-    staging, blocks = stage(arena, [(len(keys), codec.page_bytes, codec.frame_bytes)
-                                    for codec, keys in pools])
-    return staging, [PageFrames(codec, keys, frames)
-                     for (codec, keys), frames in zip(pools, blocks)]
+    sizes = []
+    for codec, keys in pools:
+        sizes.append((len(keys), codec.page_bytes, codec.frame_bytes))
+    staging = arena.acquire(frames_bytes(sizes))
+    parts = []
+    for (codec, keys), frames in zip(pools, layout_frames(staging[0], staging[1], sizes)):
+        parts.append(PageFrames(codec, keys, frames))
+    return staging, parts
 
 
 def fetch(store: Store, parts: Sequence[PageFrames]) -> Fetched:
     """One ``get_into`` of every part's keys into its frames (no copy besides the store's)."""
-    keys = [key for part in parts for key in part.keys]
-    frames = [f for part in parts for f in part.frames.frames()]
-    return Fetched(sizes=store.get_into(keys, frames) if keys else [], frames=frames)
+    keys: list[str] = []
+    frames: list[memoryview] = []
+    for part in parts:
+        keys += part.keys
+        frames += part.frames.frames()
+    return Fetched(store.get_into(keys, frames) if keys else [], frames)
 
 
 @dataclass(frozen=True, slots=True)
 class Fetched:
     """What ``fetch`` read: per page its stored length (None: missing) and its frame."""
 
-    sizes: list[int | None]
+    sizes: list[int | None]  # NOTE: None in sizes: a watched load must not land early
     frames: list[memoryview]
-
-    @property
-    def complete(self) -> bool:
-        """Whether every page was present (a watched load may land before ``check``)."""
-        return None not in self.sizes
 
 
 def check(store: Store, parts: Sequence[PageFrames], fetched: Fetched, *,
@@ -248,7 +253,7 @@ def check(store: Store, parts: Sequence[PageFrames], fetched: Fetched, *,
     sizes, frames = fetched.sizes, fetched.frames
     reasons: list[str | None] = []
     bad_keys: list[str] = []
-    num_bytes = pos = 0
+    num_bytes = pos = num_bad = 0
     for part in parts:
         codec, page_bytes = part.codec, part.codec.page_bytes
         for key in part.keys:
@@ -257,11 +262,13 @@ def check(store: Store, parts: Sequence[PageFrames], fetched: Fetched, *,
             reasons.append(why)
             if why is None:
                 num_bytes += page_bytes
-            elif why != MISSING:
+                continue
+            num_bad += 1
+            if why != MISSING:
                 bad_keys.append(key)
     if bad_keys:
         drop_bad(store, bad_keys, bad)
-    return ReadResult(reasons=reasons, bad_keys=bad_keys, num_bytes=num_bytes)
+    return ReadResult(reasons=reasons, ok=not num_bad, bad_keys=bad_keys, num_bytes=num_bytes)
 
 
 def read(store: Store, parts: Sequence[PageFrames], *, bad: BadKeys | None = None) -> ReadResult:
@@ -337,7 +344,9 @@ def write(store: Store, parts: Sequence[PageFrames], *, skip_present: bool = Fal
     # NOTE: the store copies or writes the views before put returns (Store contract), so the
     # staging buffer may go back to its arena right after.
     results = store.put(items) if items else []
-    stored = [k for k, ok in zip(items, results) if ok]
-    failed = [k for k, ok in zip(items, results) if not ok]
+    stored: list[str] = []
+    failed: list[str] = []
+    for key, ok in zip(items, results):
+        (stored if ok else failed).append(key)
     healed = len(bad.discard(stored)) if bad is not None else 0
     return WriteResult(stored=stored, failed=failed, skipped=skipped, healed=healed)
