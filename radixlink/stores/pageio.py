@@ -61,11 +61,16 @@ def page_keys(namespace_id: str, pool: PoolName | str, hashes: Iterable[str],
               rank: int | None = None) -> list[str]:
     """The store keys ``v<format>/<namespace id>/<hash>/<pool>[/r<rank>]`` of ``hashes``:
     the same bytes as ``keys.page_key`` per page, one string join each (the template of a
-    (namespace, pool, rank) is validated once).
+    (namespace, pool, rank) is validated once, each hash checked for ``/``: engines name
+    pages with their own hashes).
 
     Raises:
-        ValueError: a bad namespace id, pool or rank (see ``keys.page_key``).
+        ValueError: a bad namespace id, pool, rank or hash (see ``keys.page_key``).
     """
+    hashes = list(hashes)
+    bad = next((h for h in hashes if not h or "/" in h), None)
+    if bad is not None:
+        raise ValueError(f"page hash {bad!r} must be non-empty hex without '/'")
     pool_value = pool.value if isinstance(pool, PoolName) else pool
     template = _templates.get((namespace_id, pool_value, rank))
     if template is None:
@@ -118,8 +123,7 @@ class PageKeys:
 
     def _template(self, pool: PoolName, namespace: Any) -> tuple[str, str]:
         ns_id = namespace if isinstance(namespace, str) else _namespace_id(namespace)
-        (key,) = page_keys(ns_id, pool, (_HOLE,), self.rank_of(pool))
-        head, tail = key.split(_HOLE)
+        head, tail = page_key(ns_id, _HOLE, pool, self.rank_of(pool)).split(_HOLE)
         if len(self._templates) >= _MAX_TEMPLATES:
             self._templates.clear()  # NOTE: bounded with unbounded tenants (cache salts)
         self._templates[(pool, namespace)] = (head, tail)

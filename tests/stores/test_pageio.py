@@ -58,6 +58,8 @@ def test_key_templates_are_the_bytes_of_page_key() -> None:
         pageio.PageKeys(-1)
     with pytest.raises(ValueError, match="pool"):
         pageio.page_keys(ns, "nope", HASHES)
+    with pytest.raises(ValueError, match="page hash '../x'"):
+        pageio.page_keys(ns, PoolName.KV, ["ab", "../x"])
 
 
 def test_two_bad_pages_are_counted_deleted_and_rewritten_by_the_next_save() -> None:
