@@ -35,9 +35,10 @@ from radixlink.bench.common import (
 )
 from radixlink.bench.store_raw import raw_ops
 from radixlink.contract import PoolName
-from radixlink.stores import PageCodec, Store, open_store, page_key, parse_size
+from radixlink.stores import Store, open_store, page_key, parse_size
 from radixlink.stores.codec import CHECKSUM_CRC32, CHECKSUM_XXH3, HEADER_BYTES
 from radixlink.stores.directory import DirectoryStore
+from radixlink.stores.pageio import Codec, make_codec
 from radixlink.stores.seal import MAC_IDS
 
 Op = Callable[[], object]
@@ -98,7 +99,7 @@ class Frames:
     """``num_pages`` encoded pages in one buffer at a fixed stride, as the linker's staging
     holds them; ``views`` are what a store gets, ``buffers`` where reads land."""
 
-    def __init__(self, codec: PageCodec, num_pages: int, seed: int):
+    def __init__(self, codec: Codec, num_pages: int, seed: int):
         self.codec, self.stride = codec, codec.frame_bytes
         gen = torch.Generator().manual_seed(seed)
         data = torch.randint(0, 256, (num_pages, self.stride), dtype=torch.uint8, generator=gen)
@@ -152,7 +153,7 @@ class ChecksumOnly:
 
     _HEADER = struct.Struct("<4sBBH16sQQ")
 
-    def __init__(self, codec: PageCodec):
+    def __init__(self, codec: Codec):
         self._fn: Callable[[Any], int] = zlib.crc32
         self._kind = CHECKSUM_CRC32
         if codec.checksum == "xxh3":
@@ -179,7 +180,7 @@ def _codec_cases(pages: list[memoryview], keys: list[str], page_bytes: int,
                  seed: int) -> tuple[dict[str, Op], dict[str, str]]:
     """Encode and decode of every page with each page format; and what each is."""
     secret = random.Random(seed).randbytes(32)
-    plain = PageCodec(f"bench-{page_bytes}", page_bytes)
+    plain = make_codec(f"bench-{page_bytes}", page_bytes)
     v1 = ChecksumOnly(plain)
     v1_blobs = [v1.encode(page) for page in pages]
     cases: dict[str, Op] = {
@@ -193,7 +194,7 @@ def _codec_cases(pages: list[memoryview], keys: list[str], page_bytes: int,
     codecs = {"key digest": plain}
     for mac in MAC_IDS:  # NOTE: the default seal first
         name = f"sealed {mac}"
-        codecs[name] = PageCodec(f"bench-{page_bytes}", page_bytes, secret=secret, mac=mac)
+        codecs[name] = make_codec(f"bench-{page_bytes}", page_bytes, secret=secret, mac=mac)
         what[name] = f"v3 sealed: {mac} tag over header and payload (per-namespace key), " \
                      "no checksum"
     for name, codec in codecs.items():
@@ -201,7 +202,7 @@ def _codec_cases(pages: list[memoryview], keys: list[str], page_bytes: int,
     return cases, what
 
 
-def _encode_decode(codec: PageCodec, pages: list[memoryview], keys: list[str]) -> tuple[Op, Op]:
+def _encode_decode(codec: Codec, pages: list[memoryview], keys: list[str]) -> tuple[Op, Op]:
     """Encode of every page, and decode of every page encoded (checked once here)."""
     blobs = [codec.encode(page, k) for page, k in zip(pages, keys, strict=True)]
     assert all(codec.decode(b, k) is not None for b, k in zip(blobs, keys, strict=True))
@@ -213,7 +214,7 @@ def _bench_page_size(
     store: Store, args: argparse.Namespace, page_bytes: int
 ) -> tuple[list[dict], list[dict]]:
     num_pages = max(1, args.total // page_bytes)
-    codec = PageCodec(f"bench-{page_bytes}", page_bytes, secret=store.page_secret)
+    codec = make_codec(f"bench-{page_bytes}", page_bytes, secret=store.page_secret)
     frames = Frames(codec, num_pages, args.seed)
     num_rounds = 2 * (args.repeat + 1)  # put and encode+put both write; one warm-up each
     store_rounds = Rounds(num_pages, num_rounds, page_bytes, prefix="")
@@ -308,7 +309,7 @@ def main(argv: list[str]) -> int:
     add_common_args(parser)
     args = parser.parse_args(argv)
     urls = args.store or ["memory://?capacity=1GiB"]
-    checksum = PageCodec("probe", 1).checksum
+    checksum = make_codec("probe", 1).checksum
     print(
         f"bench store: store={', '.join(url.split('?')[0] for url in urls)} "
         f"total={args.total >> 20} MiB per page size batch={args.batch} repeat={args.repeat} "

@@ -16,17 +16,15 @@ import numpy as np
 import torch
 
 from radixlink.contract import PoolName, PoolTransfer
-from radixlink.linker.known import KnownPages
 from radixlink.linker.progress import LayerProgress
 from radixlink.linker.records import gather_pages, page_ids, pool_lander
-from radixlink.linker.staging import frames_bytes, layout_frames
-from radixlink.linker.storekeys import StoreKeys
 from radixlink.linker.worker import Job, PoolPages, TransferKind
 from radixlink.memory.host import StagingArena
 from radixlink.memory.pools import MambaStatePool
-from radixlink.stores.codec import PageCodec
+from radixlink.stores.pageio import Codec, PageKeys, stage_pages
+from radixlink.tree.stored import StoredPages
 
-CodecOf = Callable[[PoolName], PageCodec]
+CodecOf = Callable[[PoolName], Codec]
 
 
 class PoolPart:
@@ -57,7 +55,7 @@ class Batch:
         self.num_bytes = 0
 
 
-def select_pages(batch: Batch, cache: Any, keyspace: StoreKeys, known: KnownPages,
+def select_pages(batch: Batch, cache: Any, keyspace: PageKeys, known: StoredPages,
                  skip: set[PoolName]) -> tuple[dict[PoolName, PoolPart], float | None]:
     """Per pool, the keys, page hashes and page ids of the batch's pages not known to be
     stored (pools in ``skip`` are written by another rank); and since when the skipped
@@ -90,24 +88,24 @@ def offload_job(parts: dict[PoolName, PoolPart], cache: Any, codec_of: CodecOf,
     if not parts:
         return Job(kind=TransferKind.OFFLOAD, pools=[]), None
     names = list(parts)
-    codecs = [codec_of(name) for name in names]
-    sizes = [(len(parts[name].keys), codec.page_bytes, codec.frame_bytes)
-             for name, codec in zip(names, codecs)]
-    staging = arena.acquire(frames_bytes(sizes))
-    blocks = layout_frames(staging[0], staging[1], sizes)
+    wanted = []
+    for name in names:
+        wanted.append((codec_of(name), parts[name].keys))
+    staging, staged = stage_pages(arena, wanted)
+    pools = []
+    for name, part in zip(names, staged):
+        pools.append(PoolPages(name=name, keys=part.keys, codec=part.codec, frames=part.frames))
     ready = None
     if stream is None:
-        for name, frames in zip(names, blocks):
-            gather_pages(parts[name].pool, parts[name].parts, frames)
+        for pool in pools:
+            gather_pages(parts[pool.name].pool, parts[pool.name].parts, pool.frames)
     else:
         stream.wait_stream(torch.cuda.current_stream(stream.device))
         with torch.cuda.stream(stream):
-            for name, frames in zip(names, blocks):
-                gather_pages(parts[name].pool, parts[name].parts, frames)
+            for pool in pools:
+                gather_pages(parts[pool.name].pool, parts[pool.name].parts, pool.frames)
             ready = torch.cuda.Event()
             ready.record(stream)
-    pools = [PoolPages(name=name, keys=parts[name].keys, codec=codec, frames=frames)
-             for name, codec, frames in zip(names, codecs, blocks)]
     return Job(kind=TransferKind.OFFLOAD, pools=pools, staging=staging, ready=ready), ready
 
 
@@ -116,14 +114,12 @@ def load_job(transfers: list[PoolTransfer | None], cache: Any, codec_of: CodecOf
     """The worker job of a load: per pool its keys, codec, staging frames and a writer into
     the reserved slots; on CUDA its own stream; a ``LayerProgress`` for layer-wise engines."""
     parts = [t for t in transfers if t is not None]
-    codecs = [codec_of(t.name) for t in parts]
-    sizes = [(len(t.keys), c.page_bytes, c.frame_bytes) for t, c in zip(parts, codecs)]
-    staging = arena.acquire(frames_bytes(sizes))
+    staging, staged = stage_pages(arena, [(codec_of(t.name), keys_of(t)) for t in parts])
     pools = []
-    for t, codec, frames in zip(parts, codecs, layout_frames(staging[0], staging[1], sizes)):
-        land, layers = pool_lander(cache.pool(t.name), t, frames)
-        pools.append(PoolPages(name=t.name, keys=keys_of(t), codec=codec, frames=frames,
-                               land=land, num_layers=layers))
+    for t, part in zip(parts, staged):
+        land, layers = pool_lander(cache.pool(t.name), t, part.frames)
+        pools.append(PoolPages(name=t.name, keys=list(part.keys), codec=part.codec,
+                               frames=part.frames, land=land, num_layers=layers))
     stream = None
     if cache.device.type == "cuda":  # NOTE: loads land on their own stream
         stream = torch.cuda.Stream(cache.device)

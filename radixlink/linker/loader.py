@@ -218,6 +218,11 @@ class Loader:
             ok = self.ranks.all_ok(ok)
         if done.status is TransferStatus.CORRUPT:
             stats["checksum_misses"] += 1
+        if done.status in (TransferStatus.CORRUPT, TransferStatus.MISSING):
+            # NOTE: page I/O deleted the bad pages: the recomputed ones must be written again
+            for t in reservation.transfers:
+                if t is not None:
+                    self.parts.stored.discard(t.name, t.keys)
         reason = "" if ok else failure_reason(done, transfer, self.closed)
         if ok:
             lookup = reservation.lookup  # NOTE: the publish's insert reuses the lookup's hashes

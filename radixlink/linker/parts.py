@@ -24,12 +24,11 @@ from radixlink.linker.records import (
     pool_page_bytes,
     pool_replicated,
 )
-from radixlink.linker.storekeys import StoreKeys
 from radixlink.linker.worker import Completion, Job, TransferKind, TransferWorker
 from radixlink.memory.host import StagingArena
 from radixlink.metrics import LatencyHistogram
 from radixlink.stores.base import Store
-from radixlink.stores.codec import PageCodec
+from radixlink.stores.pageio import Codec, PageKeys, make_codec
 from radixlink.tree.stored import StoredPages
 
 
@@ -118,11 +117,11 @@ class LinkerParts:
     bytes_per_token: int
     world_size: int  # the rank group's (fixed): checked on hot paths without a call
     windows: dict[PoolName, int]  # pools with a window (SWA): their window pages
-    keyspace: StoreKeys = field(init=False)
-    _codecs: dict[PoolName, PageCodec] = field(default_factory=dict)
+    keyspace: PageKeys = field(init=False)
+    _codecs: dict[PoolName, Codec] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.keyspace = StoreKeys(self.ranks.rank, self.replicated)
+        self.keyspace = PageKeys(self.ranks.rank, self.replicated)
 
     @property
     def stats(self) -> Counter[str]:
@@ -133,15 +132,15 @@ class LinkerParts:
         resolved ``namespace`` (``cache.resolve_namespace``)."""
         return self.keyspace.keys(transfer.name, namespace, transfer.keys)
 
-    def codec(self, name: PoolName) -> PageCodec:
+    def codec(self, name: PoolName) -> Codec:
         """The page codec of pool ``name`` (built once, sealed with the store's secret)."""
         codec = self._codecs.get(name)
         if codec is None:
             pool = self.cache.pool(name)
             if pool is None:
                 raise ValueError(f"the cache has no {name.value} pool; build it with a layout")
-            codec = PageCodec(pool_fingerprint(pool, name), pool_page_bytes(pool),
-                              secret=self.store.page_secret)
+            codec = make_codec(pool_fingerprint(pool, name), pool_page_bytes(pool),
+                               secret=self.store.page_secret)
             self._codecs[name] = codec
         return codec
 

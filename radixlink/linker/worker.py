@@ -22,10 +22,9 @@ import torch
 
 from radixlink.contract import PoolName
 from radixlink.linker.progress import LayerProgress
-from radixlink.linker.staging import Frames
 from radixlink.memory.host import StagingArena
+from radixlink.stores import pageio
 from radixlink.stores.base import Store
-from radixlink.stores.codec import PageCodec
 
 
 class TransferKind(enum.Enum):
@@ -49,8 +48,9 @@ _LOAD, _OFFLOAD = TransferKind.LOAD, TransferKind.OFFLOAD
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PoolPages:
-    """One pool's part of a transfer: its store keys, codec and frames in the job's staging.
+class PoolPages(pageio.PageFrames):
+    """One pool's part of a transfer: its store keys, codec and frames in the job's staging
+    (a ``pageio.PageFrames``, which reads and writes them).
 
     Loads also name where the verified payloads land: ``land(layer)`` writes that layer (or,
     with ``layer=None``, everything) from the frames' payloads into the reserved slots;
@@ -58,9 +58,6 @@ class PoolPages:
     """
 
     name: PoolName
-    keys: list[str]
-    codec: PageCodec
-    frames: Frames
     land: Callable[[int | None], None] | None = None
     num_layers: int = 0
 
@@ -278,46 +275,27 @@ class TransferWorker:
         pages are verified, so the copies overlap the engine's forward; the slots are private
         until publish, which still comes only after every page verified (a failure then
         fails the load and the engine drops what it computed)."""
-        pools = job.pools
-        keys = [key for pool in pools for key in pool.keys]
-        frames = [frame for pool in pools for frame in pool.frames.frames()]
-        sizes = self.store.get_into(keys, frames)
-        early = (job.progress is not None and job.progress.watched and None not in sizes
-                 and not self._is_cancelled(job_id))
+        parts = job.pools
+        fetched = pageio.fetch(self.store, parts)
+        early = (job.progress is not None and job.progress.watched
+                 and None not in fetched.sizes and not self._is_cancelled(job_id))
         landed = self._land(job_id, job) if early else False
-        missing = bad = short = pos = num_bytes = 0
-        for pool in pools:
-            codec, page_bytes = pool.codec, pool.codec.page_bytes
-            for key in pool.keys:
-                size, frame = sizes[pos], frames[pos]
-                pos += 1
-                if size is None:
-                    missing += 1
-                    continue
-                if size > frame.nbytes:  # longer than any page of this layout: its head only
-                    view = codec.decode(frame, key)
-                    if view is not None:  # a whole page followed by extra bytes
-                        codec.count_miss("length")
-                        view = None
-                else:
-                    view = codec.decode(frame[:size], key)
-                if view is None:
-                    bad += 1
-                elif view.nbytes != page_bytes:
-                    short += 1
-                else:
-                    num_bytes += page_bytes
-        if missing or bad:
+        # NOTE: the one corrupt-page policy: every bad page counted, the present ones deleted
+        read = pageio.check(self.store, parts, fetched)
+        if not read.ok:
+            missing = read.num_missing()
             status = TransferStatus.MISSING if missing else TransferStatus.CORRUPT
+            misses = read.misses()
+            if not missing and set(misses) == {pageio.SHORT}:
+                return Completion(job_id=job_id, kind=_LOAD, status=status,
+                                  detail="short page", extra={"misses": misses})
             return Completion(job_id=job_id, kind=_LOAD, status=status,
-                              detail=f"{missing + bad} bad page(s)")
-        if short:
-            return Completion(job_id=job_id, kind=_LOAD, status=TransferStatus.CORRUPT,
-                              detail="short page")
+                              detail=f"{sum(misses.values())} bad page(s)",
+                              extra={"misses": misses, "bad_keys": read.bad_keys})
         if self._is_cancelled(job_id) or not (landed or (not early and self._land(job_id, job))):
             return Completion(job_id=job_id, kind=_LOAD, status=TransferStatus.CANCELLED)
         return Completion(job_id=job_id, kind=_LOAD, status=TransferStatus.OK,
-                          num_bytes=num_bytes)
+                          num_bytes=read.num_bytes)
 
     def _land(self, job_id: int, job: Job) -> bool:
         """Write the verified pages into the reserved slots: whole pools (states) first, then
@@ -356,17 +334,11 @@ class TransferWorker:
         """Encode every frame in place and write them all with one ``put``."""
         if job.ready is not None:
             job.ready.synchronize()  # the device-to-host gather has landed in staging
-        items: dict[str, memoryview] = {}
+        written = pageio.write(self.store, job.pools)
         num_bytes = 0
         for pool in job.pools:
-            frames = pool.frames
-            items.update(zip(pool.keys, pool.codec.encode_frames(frames.block(), frames.stride,
-                                                                 pool.keys)))
             num_bytes += len(pool.keys) * pool.codec.frame_bytes
-        # NOTE: the store copies or writes the views before put returns (Store contract), so
-        # the staging buffer goes back to the arena right after.
-        results = self.store.put(items)
-        failed = results.count(False)
+        failed = len(written.failed)
         return Completion(job_id=job_id, kind=_OFFLOAD,
                           status=TransferStatus.STORE_ERROR if failed else TransferStatus.OK,
                           num_bytes=num_bytes,

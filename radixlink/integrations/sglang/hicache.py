@@ -42,7 +42,8 @@ from radixlink.integrations.sglang.settings import (
     parse_settings,
 )
 from radixlink.linker.restorable import PoolPresence, restorable_prefix_pages
-from radixlink.stores.codec import PageCodec
+from radixlink.memory.host import StagingArena
+from radixlink.stores import pageio
 from radixlink.stores.keys import KEY_PREFIX
 from radixlink.stores.registry import open_reachable_store
 
@@ -57,8 +58,10 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
     Keys: ``v3/<namespace id>/<SGLang hash>/<pool>[/r<tp rank>]``; the namespace id covers
     ``namespace`` (default: the model), the host page layout and the TP / PP / CP shape.
     MLA KV (identical on every rank) has no rank part and is written by SGLang's one storage
-    writer; other pools carry the rank. Pages go through radixlink's codec: a page failing its
-    checksum, layout fingerprint or key digest reads as a per-page ``False``.
+    writer; other pools carry the rank. Pages go through radixlink's page I/O
+    (``stores.pageio``): a page failing its checksum, layout fingerprint or key digest reads
+    as a per-page ``False`` and is deleted from the store (presence reads it absent, so
+    SGLang writes the recomputed page again).
 
     Args:
         storage_config: SGLang's ``HiCacheStorageConfig``; ``extra_config`` holds ``store``,
@@ -88,7 +91,9 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
         self._store = open_reachable_store(self._settings.store)
         self._keys: KeySpace | None = None
         self._pages: dict[PoolName, HostPages] = {}
-        self._codecs: dict[PoolName, PageCodec] = {}
+        self._codecs: dict[PoolName, pageio.Codec] = {}
+        self._bad = pageio.BadKeys()
+        self._arena = StagingArena()
 
     # ---- host pool registration ----
 
@@ -124,8 +129,7 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
         self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
     ) -> int:
         """How many of ``keys`` are stored, counted from the first (a prefix)."""
-        flags = self._exists(keys, PoolName.KV)
-        return next((i for i, ok in enumerate(flags) if not ok), len(flags))
+        return pageio.leading_present(self._exists(keys, PoolName.KV))
 
     @never_raises(false)
     def exists(self, key: str) -> bool:
@@ -178,8 +182,9 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
             policy = RadixlinkHitPolicy(transfer.hit_policy.value)
             trailing = policy is RadixlinkHitPolicy.TRAILING_PAGES
             plan.append((pool, policy, max(1, len(transfer.keys or ())) if trailing else 0))
-        flags = self._store.exists(
-            [k for pool, _, _ in plan for k in self._require_keys().keys(keys, pool)]
+        flags = pageio.present(
+            self._store, [k for pool, _, _ in plan for k in self._require_keys().keys(keys, pool)],
+            self._bad,
         )
         n = len(keys)
         presence = [
@@ -248,9 +253,9 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
     def _add_pool(self, pool: PoolName, host_pool: Any) -> None:
         pages = HostPages(host_pool)
         self._pages[pool] = pages
-        self._codecs[pool] = PageCodec(
-            pages.fingerprint, pages.page_bytes, self._settings.checksum,
-            secret=self._store.page_secret,
+        self._codecs[pool] = pageio.make_codec(
+            pages.fingerprint, pages.page_bytes, secret=self._store.page_secret,
+            checksum=self._settings.checksum,
         )
 
     def _require_keys(self) -> KeySpace:
@@ -265,23 +270,25 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
         return pool
 
     def _exists(self, keys: list[str], pool: PoolName) -> list[bool]:
-        return self._store.exists(self._require_keys().keys(keys, pool))
+        return pageio.present(self._store, self._require_keys().keys(keys, pool), self._bad)
 
     def _get(self, pool: PoolName, keys: list[str], host_indices: Any) -> list[bool]:
         pages, codec = self._pages[pool], self._codecs[pool]
         if not keys or host_indices is None or host_indices.numel() != len(keys) * pages.page_size:
             return [False] * len(keys)
         store_keys = self._require_keys().keys(keys, pool)
-        blobs = self._store.get(store_keys)
-        views = [codec.decode(b, k) for b, k in zip(blobs, store_keys)]
-        ok = [v is not None and v.nbytes == pages.page_bytes for v in views]
-        good = [i for i, flag in enumerate(ok) if flag]
-        if good:
-            # NOTE: one join and one batched scatter for every verified page of the call.
-            joined = bytearray(b"".join(views[i] for i in good))  # type: ignore[misc]
-            data = torch.frombuffer(joined, dtype=torch.uint8).view(len(good), -1)
-            slots = host_indices.reshape(len(keys), pages.page_size)[good].reshape(-1)
-            pages.write(slots, data)
+        staging, parts = pageio.stage_pages(self._arena, [(codec, store_keys)])
+        try:
+            read = pageio.read(self._store, parts, bad=self._bad)
+            ok = [why is None for why in read.reasons]
+            good = [i for i, flag in enumerate(ok) if flag]
+            if good:
+                # NOTE: one batched scatter of every verified page, from the staging rows
+                data = parts[0].frames.payloads()[good]
+                slots = host_indices.reshape(len(keys), pages.page_size)[good].reshape(-1)
+                pages.write(slots, data)
+        finally:
+            self._arena.release(*staging)
         return ok
 
     def _set(self, pool: PoolName, keys: list[str], host_indices: Any) -> list[bool]:
@@ -292,9 +299,14 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
         if pool in keyspace.replicated and not self._config.is_storage_writer:
             return [True] * len(keys)  # another rank writes this replicated page
         store_keys = keyspace.keys(keys, pool)
-        data = pages.read(host_indices)
-        items = {key: codec.encode(data[i], key) for i, key in enumerate(store_keys)}
-        return self._store.put(items)
+        staging, parts = pageio.stage_pages(self._arena, [(codec, store_keys)])
+        try:
+            parts[0].frames.payloads().copy_(pages.read(host_indices))
+            written = pageio.write(self._store, parts, bad=self._bad)
+        finally:
+            self._arena.release(*staging)
+        stored = set(written.stored)
+        return [key in stored for key in store_keys]
 
 
 def _false_per_transfer(transfers: Any) -> dict[str, list[bool]]:

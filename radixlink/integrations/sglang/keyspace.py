@@ -1,7 +1,8 @@
 """Store keys for pages SGLang names: ``v3/<namespace id>/<engine page hash>/<pool>[/r<rank>]``.
 
 Owns which namespace, layout and rank parts a page's key carries. The page hash is SGLang's own
-(never re-hashed here). Must not import SGLang or touch stores.
+(never re-hashed here); the keys themselves come from ``stores.pageio``'s templates. Must not
+import SGLang or touch stores.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 from radixlink.contract import PoolName
 from radixlink.hashing import Namespace
-from radixlink.stores.keys import page_key
+from radixlink.stores.pageio import page_keys
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,8 +42,8 @@ class KeySpace:
 
     def keys(self, hashes: Sequence[str], pool: PoolName) -> list[str]:
         """The store key of each engine page hash of ``pool``, in order."""
-        rank = None if pool in self.replicated else self.rank
-        return [page_key(self.namespace_id, h, pool, rank) for h in hashes]
+        return page_keys(self.namespace_id, pool, hashes,
+                         None if pool in self.replicated else self.rank)
 
     def writes(self, pool: PoolName) -> bool:
         """Whether this rank writes ``pool`` (replicated pools: rank 0 only)."""

@@ -39,16 +39,11 @@ from radixlink.integrations.sglang.guard import (
 )
 from radixlink.integrations.sglang.keyspace import KeySpace
 from radixlink.integrations.sglang.settings import parse_settings
-from radixlink.integrations.sglang.workers import (
-    LayerLoader,
-    LoadBatches,
-    Offloader,
-    PageMove,
-    Quarantine,
-)
+from radixlink.integrations.sglang.workers import LayerLoader, LoadBatches, Offloader, PageMove
 from radixlink.linker.restorable import PoolPresence, restorable_prefix_pages
+from radixlink.memory.host import StagingArena
+from radixlink.stores import pageio
 from radixlink.stores.base import Store
-from radixlink.stores.codec import PageCodec
 from radixlink.stores.registry import open_reachable_store
 
 logger = logging.getLogger(__name__)
@@ -122,7 +117,8 @@ class RadixlinkLinker(UnifiedCacheLinker):
         self._store = open_reachable_store(settings.store)
         secret = self._store.page_secret
         self._codecs = {
-            name: PageCodec(view.fingerprint, view.page_bytes, settings.checksum, secret=secret)
+            name: pageio.make_codec(view.fingerprint, view.page_bytes, secret=secret,
+                                    checksum=settings.checksum)
             for name, view in views.items()
         }
         self.pools: dict[SGLangPoolName, object] = {
@@ -134,13 +130,14 @@ class RadixlinkLinker(UnifiedCacheLinker):
             # counter; the KV pool's counter is registered by SGLang's cache factory.
             params.req_to_token_pool.register_layer_transfer_counter(self.layer_done_counter)
         self._device = next(iter(views.values())).device
-        self._quarantine = Quarantine()
+        self._bad = pageio.BadKeys()
+        arena = StagingArena(pinned=self._device.type == "cuda")
         self._batches = LoadBatches()
         self._loader = LayerLoader(
             self._store, self.layer_done_counter, self._device_pools.num_layers, self._sync,
-            self._quarantine.add, on_done=self._batches.ended,
+            self._bad, arena, on_done=self._batches.ended,
         )
-        self._offloader = Offloader(self._store)
+        self._offloader = Offloader(self._store, self._bad, arena)
         self._pending: dict[str, list[PageMove]] = {}
         self._closed = False
         logger.info(
@@ -158,7 +155,8 @@ class RadixlinkLinker(UnifiedCacheLinker):
     def lookup(self, rid: str, transfers: list[PoolTransfer]) -> list[int]:
         """Every restorable prefix length (pages of the tail) on this rank, from one batched
         presence check; a store failure is "nothing restorable". Pages that failed
-        verification in an earlier load count as absent (see ``Quarantine``)."""
+        verification in an earlier load were deleted, and count as absent until written
+        again even if the delete failed (``pageio.BadKeys``)."""
         kv = next((t for t in transfers if t.name == SGLangPoolName.KV), None)
         if kv is None or not kv.keys:
             return []
@@ -175,7 +173,7 @@ class RadixlinkLinker(UnifiedCacheLinker):
                 return []
             plan.append((pool, policy, window))
             keys += self._keys.keys(hashes, pool)  # NOTE: presence at every tail page
-        flags = self._quarantine.mask(keys, self._store.exists(keys))
+        flags = pageio.present(self._store, keys, self._bad)
         presence = [
             PoolPresence(
                 name=pool,
@@ -270,7 +268,6 @@ class RadixlinkLinker(UnifiedCacheLinker):
                 return False
             if self._keys.writes(pool):
                 moves.append(self._move(pool, transfer))
-                self._quarantine.discard(moves[-1].keys)  # rewritten with fresh pages
         ready = self.record_offload_ready() if self._device.type == "cuda" else []
         self._offloader.submit(moves, ready)
         return True

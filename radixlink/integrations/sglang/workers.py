@@ -18,8 +18,9 @@ from typing import Any
 import torch
 
 from radixlink.integrations.sglang.device_pools import PoolView
+from radixlink.memory.host import StagingArena
+from radixlink.stores import pageio
 from radixlink.stores.base import Store
-from radixlink.stores.codec import PageCodec
 
 logger = logging.getLogger(__name__)
 
@@ -29,48 +30,13 @@ class PageMove:
     """One pool's pages of one request: store keys and the device slots they map to."""
 
     view: PoolView
-    codec: PageCodec
+    codec: pageio.Codec
     keys: list[str]
     slots: torch.Tensor
 
 
 class PageLoadError(RuntimeError):
     """A load batch could not be restored (missing, corrupt or unreadable pages)."""
-
-
-class Quarantine:
-    """Store keys whose pages failed verification here; lookups treat them as absent.
-
-    A load that found a corrupt page fails its batch (SGLang aborts those requests); with the
-    page quarantined, the next lookup of the same prefix stops before it and restores the
-    longest legal shorter prefix. Local to this process (a reader never deletes store data);
-    bounded, oldest first out; a key this process offloads again is released.
-    """
-
-    def __init__(self, capacity: int = 65536) -> None:
-        self._keys: dict[str, None] = {}
-        self._capacity = capacity
-        self._lock = threading.Lock()
-
-    def add(self, keys: Sequence[str]) -> None:
-        with self._lock:
-            for key in keys:
-                self._keys[key] = None
-            while len(self._keys) > self._capacity:
-                del self._keys[next(iter(self._keys))]
-
-    def discard(self, keys: Sequence[str]) -> None:
-        if self._keys:
-            with self._lock:
-                for key in keys:
-                    self._keys.pop(key, None)
-
-    def mask(self, keys: Sequence[str], flags: Sequence[bool]) -> list[bool]:
-        """``flags`` with every quarantined key's flag cleared."""
-        if not self._keys:
-            return list(flags)
-        with self._lock:
-            return [ok and key not in self._keys for key, ok in zip(keys, flags)]
 
 
 class LoadBatches:
@@ -145,19 +111,23 @@ class _Worker:
 
 
 class LayerLoader:
-    """Runs load batches: one batched ``get``, verify every page, then write layer by layer.
+    """Runs load batches: one batched ``get_into`` staging, verify every page, then write layer
+    by layer from the staging (no join, no copy before the scatter).
 
     Every page is verified before the first layer lands, so a bad page fails the batch with
-    nothing written. Layer ``l`` is reported to ``counter`` (SGLang's ``LayerWiseLoadCounter``)
-    as soon as it is in place, so the forward starts on layer 0 while later layers arrive.
+    nothing written. Under the one corrupt-page policy (``stores.pageio``) every bad page of
+    the batch is counted and the present ones are deleted from the store and recorded in
+    ``bad`` (lookups read them absent until they are written again). Layer ``l`` is reported
+    to ``counter`` (SGLang's ``LayerWiseLoadCounter``) as soon as it is in place, so the
+    forward starts on layer 0 while later layers arrive.
 
     Args:
         store: the page store.
         counter: ``complete(index, layer)`` / ``fail(index, error)``.
         num_layers: transfer layers of the batch, each completed exactly once.
         sync: waits until this thread's device writes are visible to the forward.
-        on_bad_pages: called with the keys of pages that were present but failed
-            verification (checksum, layout, key digest, seal).
+        bad: the keys found bad here.
+        arena: the staging buffers loads read into.
         on_done: called with the batch's index once it has landed or failed.
     """
 
@@ -167,12 +137,14 @@ class LayerLoader:
         counter: Any,
         num_layers: int,
         sync: Callable[[], None],
-        on_bad_pages: Callable[[list[str]], None],
+        bad: pageio.BadKeys,
+        arena: StagingArena,
         on_done: Callable[[int], None] = lambda index: None,
     ):
         self._store = store
         self._on_done = on_done
-        self._on_bad_pages = on_bad_pages
+        self._bad = bad
+        self._arena = arena
         self._counter = counter
         self._num_layers = num_layers
         self._sync = sync
@@ -190,8 +162,13 @@ class LayerLoader:
 
     def _run(self, job: tuple[int, list[PageMove], Any]) -> None:
         index, moves, ready = job
+        staging = None
         try:
-            pages = self._fetch(moves)
+            staging, parts = pageio.stage_pages(self._arena, [(m.codec, m.keys) for m in moves])
+            read = pageio.read(self._store, parts, bad=self._bad)
+            if not read.ok:
+                raise PageLoadError(_describe(moves, read))
+            pages = [part.frames.payloads() for part in parts]
             if ready is not None:
                 ready.synchronize()
             for layer in range(self._num_layers):
@@ -203,34 +180,22 @@ class LayerLoader:
             logger.warning("radixlink load batch %d failed: %s", index, exc)
             self._counter.fail(index, exc)
         finally:
+            if staging is not None:
+                self._arena.release(*staging)
             self._on_done(index)
 
-    def _fetch(self, moves: Sequence[PageMove]) -> list[torch.Tensor]:
-        keys = [key for move in moves for key in move.keys]
-        blobs = self._store.get(keys)
-        out, pos = [], 0
-        for move in moves:
-            views = [
-                move.codec.decode(blob, key)
-                for blob, key in zip(blobs[pos : pos + len(move.keys)], move.keys)
-            ]
-            raw = blobs[pos : pos + len(move.keys)]
-            pos += len(move.keys)
-            corrupt = [
-                key for key, blob, v in zip(move.keys, raw, views)
-                if blob is not None and (v is None or v.nbytes != move.view.page_bytes)
-            ]
-            if corrupt:
-                self._on_bad_pages(corrupt)
-            bad = sum(v is None or v.nbytes != move.view.page_bytes for v in views)
-            if bad:
-                raise PageLoadError(
-                    f"{bad} of {len(views)} {move.view.name.value} page(s) missing or corrupt"
-                )
-            # NOTE: one join + one frombuffer per pool; write_layer scatters all pages at once.
-            joined = bytearray(b"".join(views))  # type: ignore[arg-type]
-            out.append(torch.frombuffer(joined, dtype=torch.uint8).view(len(views), -1))
-        return out
+
+def _describe(moves: Sequence[PageMove], read: pageio.ReadResult) -> str:
+    """The bad pages of a read, per pool, in words."""
+    out, pos = [], 0
+    for move in moves:
+        reasons = read.reasons[pos : pos + len(move.keys)]
+        pos += len(move.keys)
+        bad = sum(why is not None for why in reasons)
+        if bad:
+            out.append(f"{bad} of {len(reasons)} {move.view.name.value} page(s) missing or "
+                       "corrupt")
+    return "; ".join(out)
 
 
 class Offloader:
@@ -238,10 +203,14 @@ class Offloader:
 
     Args:
         store: the page store.
+        bad: the keys found bad here (a stored page is no longer bad).
+        arena: the staging buffers offloads are encoded in.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, bad: pageio.BadKeys, arena: StagingArena) -> None:
         self._store = store
+        self._bad = bad
+        self._arena = arena
         self._done: collections.deque[bool] = collections.deque()
         self._worker = _Worker("radixlink-sglang-offload", self._run)
 
@@ -272,16 +241,18 @@ class Offloader:
 
     def _run(self, job: tuple[list[PageMove], list[Any]]) -> None:
         moves, ready = job
+        staging = None
         try:
             for event in ready:
                 event.synchronize()
-            items: dict[str, bytes] = {}
-            for move in moves:
-                pages = move.view.read_pages(move.slots)
-                for row, key in enumerate(move.keys):
-                    items[key] = move.codec.encode(pages[row], key)
-            ok = all(self._store.put(items)) if items else True
+            staging, parts = pageio.stage_pages(self._arena, [(m.codec, m.keys) for m in moves])
+            for move, part in zip(moves, parts):
+                part.frames.payloads().copy_(move.view.read_pages(move.slots))
+            ok = pageio.write(self._store, parts, bad=self._bad).ok
         except Exception as exc:  # noqa: BLE001 - a failed offload is a False, never a raise
             logger.warning("radixlink offload failed: %s", exc)
             ok = False
+        finally:
+            if staging is not None:
+                self._arena.release(*staging)
         self._done.append(ok)

@@ -1,8 +1,9 @@
 """Store keys for vLLM's KV cache groups: one radixlink pool per group, namespaced by model and
 group layout, and the per-page hashes of a request (vLLM block hashes or radixlink token chains).
 
-Owns naming only. Must not open stores or touch tensors; both connector roles build the same
-``GroupLayout`` list from the same configs, so scheduler and workers agree on every key.
+Owns naming only (the key bytes are ``stores.pageio``'s templates). Must not open stores or
+touch tensors; both connector roles build the same ``GroupLayout`` list from the same
+configs, so scheduler and workers agree on every key.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from radixlink.contract import PoolName
 from radixlink.hashing import Namespace, page_hashes
-from radixlink.stores.keys import page_key
+from radixlink.stores.pageio import page_keys
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,7 +101,7 @@ class KeyScheme:
     ) -> list[str]:
         """The store keys of ``hashes`` in ``group`` on TP rank ``rank``."""
         ns_id = self.namespace_id(group, cache_salt if self.scheme == "token_chain" else "")
-        return [page_key(ns_id, h, group.pool, rank) for h in hashes]
+        return page_keys(ns_id, group.pool, hashes, rank)
 
 
 def group_layouts(

@@ -1,5 +1,6 @@
-"""The loads of one worker step as one batch: every distinct page key fetched once, with
-``get_into``, into reused host staging; every page verified in place, every bad one named.
+"""The loads of one worker step as one batch: every distinct page key fetched once through
+``stores.pageio`` (``get_into`` into reused host staging, every page verified in place, every
+bad one named, counted and, when present, deleted from the store).
 
 Owns a batch's staging buffers until its pages are scattered (``FetchedBatch.release``). Must
 not write KV tensors (the worker scatters on the model runner's thread) or decide what vLLM
@@ -16,8 +17,8 @@ import torch
 
 from radixlink.integrations.vllm.metadata import PageJob
 from radixlink.memory.host import StagingArena
+from radixlink.stores import pageio
 from radixlink.stores.base import Store
-from radixlink.stores.codec import HEADER_BYTES, PageCodec
 
 KeysFn = Callable[[PageJob, int, Sequence[str]], list[str]]
 
@@ -84,16 +85,17 @@ class FetchedBatch:
         self.staging.clear()
 
 
-def fetch_batch(jobs: Sequence[PageJob], *, store: Store, codecs: Mapping[int, PageCodec],
-                arena: StagingArena, keys: KeysFn) -> FetchedBatch:  # fmt: skip
+def fetch_batch(jobs: Sequence[PageJob], *, store: Store, codecs: Mapping[int, pageio.Codec],
+                arena: StagingArena, keys: KeysFn, bad: pageio.BadKeys | None = None
+                ) -> FetchedBatch:  # fmt: skip
     """Read the pages of ``jobs`` with one ``get_into`` of their distinct keys, verify each
-    distinct page once, and split the result per request.
+    distinct page once (``pageio.read``: present bad pages are deleted and added to ``bad``),
+    and split the result per request.
 
     ::
 
-        staging of group g  | frame 0: header | payload 0 | tag? | frame 1: ... |
-                            0                  HEADER_BYTES       frame_bytes
-        payloads[g]          rows = payload i at  i * frame_bytes + HEADER_BYTES
+        staging of group g  | lead | header | payload 0 | tag? | pad | lead | header | ...
+        payloads[g]          rows = the payloads, at the frames' stride (``stores.frames``)
 
     Raises:
         StoreError and whatever the store raises: the caller fails every job of the batch
@@ -109,69 +111,34 @@ def fetch_batch(jobs: Sequence[PageJob], *, store: Store, codecs: Mapping[int, P
             per_group.append((g.group_id, g.block_ids, wanted))
         job_rows.append(per_group)
     batch = FetchedBatch(requests=[])
-    all_keys: list[str] = []
-    frames: list[memoryview] = []
-    for gid, index in rows.items():
-        if not index:
-            continue
-        frame_bytes = codecs[gid].frame_bytes
-        buffer, view = arena.acquire(len(index) * frame_bytes)
-        batch.staging.append((buffer, view))
-        batch.payloads[gid] = buffer.as_strided(
-            (len(index), codecs[gid].page_bytes), (frame_bytes, 1), HEADER_BYTES)
-        all_keys += index
-        frames += [view[i * frame_bytes : (i + 1) * frame_bytes] for i in range(len(index))]
+    groups = [gid for gid, index in rows.items() if index]
+    if not groups:
+        batch.requests = [RequestLoad(req_id=job.req_id, num_pages=job.num_pages)
+                          for job in jobs]
+        return batch
+    staging, parts = pageio.stage_pages(arena, [(codecs[gid], list(rows[gid])) for gid in groups])
+    batch.staging.append(staging)
     try:
-        sizes = store.get_into(all_keys, frames) if all_keys else []
+        read = pageio.read(store, parts, bad=bad)
     except BaseException:
         batch.release(arena)
         raise
-    batch.num_fetched = len(all_keys)
-    bad = _verify(rows, codecs, all_keys, frames, sizes)
-    batch.bad_keys = [all_keys[pos] for pos, why in bad.items() if why != "missing"]
+    batch.payloads = {gid: part.frames.payloads() for gid, part in zip(groups, parts)}
+    batch.num_fetched = len(read.reasons)
+    batch.bad_keys = read.bad_keys
     offsets, pos = {}, 0
-    for gid, index in rows.items():
+    for gid in groups:
         offsets[gid] = pos
-        pos += len(index)
+        pos += len(rows[gid])
+    reasons = read.reasons
     for job, per_group in zip(jobs, job_rows, strict=True):
         load = RequestLoad(req_id=job.req_id, num_pages=job.num_pages)
         for gid, block_ids, wanted in per_group:
-            reasons = [bad.get(offsets[gid] + row) for row in wanted]
-            good = next((i for i, why in enumerate(reasons) if why is not None), len(wanted))
-            load.reasons.update(why for why in reasons if why is not None)
+            why_not = [reasons[offsets[gid] + row] for row in wanted]
+            good = next((i for i, why in enumerate(why_not) if why is not None), len(wanted))
+            load.reasons.update(why for why in why_not if why is not None)
             load.bad_blocks.update(block_ids[good:])
             if good:
                 load.pages.append((gid, block_ids[:good], wanted[:good]))
         batch.requests.append(load)
     return batch
-
-
-def _verify(rows: Mapping[int, Mapping[str, int]], codecs: Mapping[int, PageCodec],
-            keys: Sequence[str], frames: Sequence[memoryview],
-            sizes: Sequence[int | None]) -> dict[int, str]:  # fmt: skip
-    """Positions (in ``keys``) of the pages that are not whole verified pages, with why."""
-    bad: dict[int, str] = {}
-    pos = 0
-    for gid, index in rows.items():
-        codec = codecs[gid]
-        for _ in index:
-            view, why = _verify_read(codec, frames[pos], sizes[pos], keys[pos])
-            if why is None and view is not None and view.nbytes != codec.page_bytes:
-                why = "short"  # a verified page of fewer bytes than this layout's page
-            if why is not None:
-                bad[pos] = why
-            pos += 1
-    return bad
-
-
-def _verify_read(codec: PageCodec, frame: memoryview, size: int | None,
-                 key: str) -> tuple[memoryview | None, str | None]:  # fmt: skip
-    """``codec.verify`` of one ``get_into`` result; a value longer than its frame (of which
-    only the head was copied) is a ``length`` miss."""
-    if size is None or size <= frame.nbytes:
-        return codec.verify(None if size is None else frame[:size], key)
-    view, why = codec.verify(frame, key)
-    if view is None:
-        return None, why
-    codec.count_miss("length")  # NOTE: a whole page followed by extra bytes
-    return None, "length"

@@ -17,6 +17,7 @@ from radixlink.errors import StoreError
 from radixlink.integrations.vllm.keys import GroupLayout, KeyScheme
 from radixlink.integrations.vllm.metadata import GroupPages, PageJob, RadixlinkMetadata
 from radixlink.linker.restorable import PoolPresence, largest_common, restorable_prefix_pages
+from radixlink.stores import pageio
 from radixlink.stores.base import Store
 
 logger = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ class SchedulerSide:
         flat = [key for rank_keys in per_rank for keys in rank_keys for key in keys]
         self.num_lookups += 1
         try:
-            present = self.store.exists(flat)
+            present = pageio.present(self.store, flat)
         except StoreError as exc:
             self.num_store_errors += 1
             logger.warning("radixlink lookup failed, treating as a miss: %s", exc)

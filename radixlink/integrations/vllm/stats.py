@@ -44,7 +44,7 @@ class RadixlinkStats(KVConnectorStats):
     """
 
     def reset(self) -> None:
-        self.data = {}
+        self.data: dict[str, int] = {}
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         for name, value in other.data.items():

@@ -22,8 +22,8 @@ from radixlink.integrations.vllm.loads import FetchedBatch, RequestLoad, fetch_b
 from radixlink.integrations.vllm.metadata import GroupPages, PageJob
 from radixlink.integrations.vllm.pages import PagedGroup
 from radixlink.memory.host import StagingArena
+from radixlink.stores import pageio
 from radixlink.stores.base import Store
-from radixlink.stores.codec import PageCodec
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,6 @@ STAT_NAMES = (
     "loaded_pages", "fetched_pages", "bad_pages", "healed_pages", "saved_pages",
     "skipped_pages", "dropped_saves", "failed_loads", "failed_saves",
 )  # fmt: skip
-_MAX_BAD_KEYS = 1 << 16  # keys remembered as bad until saved again, then the set resets
 
 
 class WorkerSide:
@@ -42,7 +41,8 @@ class WorkerSide:
     does not share device blocks between requests still loading). Every bad page of a batch
     (missing, corrupt, foreign key, truncated, wrong layout, unsealed) is counted with its
     reason; the present ones are deleted from the store and overwritten by the next save of
-    their recomputed pages (the heal), so a damaged store is mended in one pass.
+    their recomputed pages (the heal), so a damaged store is mended in one pass: the one
+    corrupt-page policy of ``stores.pageio``, which does the store I/O.
 
     Args:
         layouts: the groups taking part (same list as the scheduler side).
@@ -66,7 +66,7 @@ class WorkerSide:
         self._block_errors = block_errors
         self._max_inflight = max_inflight_save_bytes
         self._groups: dict[int, PagedGroup] = {}
-        self._codecs: dict[int, PageCodec] = {}
+        self._codecs: dict[int, pageio.Codec] = {}
         self._pool = ThreadPoolExecutor(num_threads, thread_name_prefix="radixlink-vllm")
         self._done: queue.Queue[FetchedBatch] = queue.Queue()
         self._lock = threading.Lock()
@@ -75,7 +75,7 @@ class WorkerSide:
         self._inflight_bytes = 0
         self._finished_sending: set[str] = set()
         self._load_errors: set[int] = set()
-        self._bad_keys: set[str] = set()  # found bad here: the next save never skips them
+        self._bad = pageio.BadKeys()  # found bad here: the next save never skips them
         self._kv_caches: Mapping[str, torch.Tensor] = {}
         self._num_blocks = 0
         self._arena = StagingArena(max_cached_bytes=min(max_inflight_save_bytes, 256 << 20))
@@ -103,8 +103,8 @@ class WorkerSide:
         for gid, group in groups.items():
             fingerprint = (f"{self._scheme.model}|{self._layouts[gid].description}|"
                            f"rank{self._rank}|{group.order}|{group.page_bytes}")  # fmt: skip
-            self._codecs[gid] = PageCodec(fingerprint, group.page_bytes,
-                                          secret=self._store.page_secret)
+            self._codecs[gid] = pageio.make_codec(fingerprint, group.page_bytes,
+                                                  secret=self._store.page_secret)
         if any(g.device.type == "cuda" for g in groups.values()) and not self._arena.pinned:
             self._arena = StagingArena(pinned=True, max_cached_bytes=self._arena.max_cached_bytes)
 
@@ -258,7 +258,7 @@ class WorkerSide:
     def _load(self, jobs: list[PageJob]) -> None:
         try:
             batch = fetch_batch(jobs, store=self._store, codecs=self._codecs,
-                                arena=self._arena, keys=self._keys)  # fmt: skip
+                                arena=self._arena, keys=self._keys, bad=self._bad)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - store died, timeouts: every load fails
             error = f"{type(exc).__name__}: {exc}"
             batch = FetchedBatch(requests=[
@@ -266,59 +266,36 @@ class WorkerSide:
                             bad_blocks={b for g in job.groups for b in g.block_ids})
                 for job in jobs
             ])  # fmt: skip
-        else:
-            self._heal(batch.bad_keys)
         with self._lock:
             self.stats["fetched_pages"] += batch.num_fetched
             self.stats["bad_pages"] += len(batch.bad_keys)
         self._done.put(batch)
 
-    def _heal(self, bad_keys: list[str]) -> None:
-        """Delete the bad pages now, and remember them so their recomputed pages are saved
-        even if ``exists`` still (or again) says they are there."""
-        if not bad_keys:
-            return
-        with self._lock:
-            if len(self._bad_keys) + len(bad_keys) > _MAX_BAD_KEYS:
-                self._bad_keys.clear()  # NOTE: bounded memory; a forgotten key heals later
-            self._bad_keys.update(bad_keys)
-        try:
-            self._store.delete(bad_keys)
-        except Exception as exc:  # noqa: BLE001 - the save still overwrites them
-            logger.warning("radixlink could not delete %d bad pages: %s", len(bad_keys), exc)
-
     def _put(self, job: PageJob, pages: list[tuple[GroupPages, torch.Tensor]],
              num_bytes: int, staging: list[tuple[torch.Tensor, memoryview]]) -> None:
         counts = {"saved_pages": 0, "skipped_pages": 0, "failed_saves": 0, "healed_pages": 0}
+        frames = None
         try:
-            items: dict[str, bytes] = {}
-            with self._lock:
-                bad_keys = set(self._bad_keys)
-            for g, data in pages:
-                keys = self._keys(job, g.group_id, g.hashes)
-                # NOTE: one presence batch first: pages another instance (or an earlier
-                # request) stored are not encoded or sent again, unless found bad here or
-                # the request's load failed (pages past the failure were never verified).
-                exists = [False] * len(keys) if job.overwrite else self._store.exists(keys)
-                codec = self._codecs[g.group_id]
-                for i, (key, there) in enumerate(zip(keys, exists)):
-                    if not there or key in bad_keys:
-                        items[key] = codec.encode(data[i], key)
-                    else:
-                        counts["skipped_pages"] += 1
-            results = self._store.put(items) if items else []
-            healed = [k for k, ok in zip(items, results) if ok and k in bad_keys]
-            with self._lock:
-                self._bad_keys.difference_update(healed)
-            counts["healed_pages"] += len(healed)
-            counts["saved_pages"] += sum(results)
-            counts["failed_saves"] += len(results) - sum(results)
+            # NOTE: one presence batch per group first: pages another instance (or an earlier
+            # request) stored are not encoded or sent again, unless found bad here or the
+            # request's load failed (pages past the failure were never verified).
+            frames, parts = pageio.stage_pages(self._arena, [
+                (self._codecs[g.group_id], self._keys(job, g.group_id, g.hashes))
+                for g, _ in pages])  # fmt: skip
+            for part, (_, data) in zip(parts, pages):
+                part.frames.payloads().copy_(data)
+            written = pageio.write(self._store, parts, skip_present=not job.overwrite,
+                                   bad=self._bad)
+            counts["skipped_pages"] += written.skipped
+            counts["healed_pages"] += written.healed
+            counts["saved_pages"] += len(written.stored)
+            counts["failed_saves"] += len(written.failed)
         except Exception as exc:  # noqa: BLE001 - a failed save is a later miss
             counts["failed_saves"] += 1
             logger.warning("radixlink save of %s failed: %s", job.req_id, exc)
         finally:
-            for buffer in staging:  # NOTE: every encode copied out of it (codec.encode)
-                self._arena.release(*buffer)
+            for buffer in staging if frames is None else [*staging, frames]:
+                self._arena.release(*buffer)  # NOTE: the store copied or wrote every page
             with self._lock:
                 self._inflight_bytes -= num_bytes
                 for name, value in counts.items():

@@ -1,9 +1,10 @@
 """RadixlinkLinker failure behaviour inside SGLang's UnifiedRadixCache.
 
 Missing pages shorten the restore to the longest legal length at lookup. A corrupt page fails
-its load batch (SGLang aborts exactly the requests loading in it), and the linker quarantines
-the page so the retry restores the longest legal shorter prefix. A failing store fails only
-the loading request; every reserved slot is free again afterwards.
+its load batch (SGLang aborts exactly the requests loading in it), and the linker deletes
+the page (it reads absent until written again) so the retry restores the longest legal
+shorter prefix. A failing store fails only the loading request; every reserved slot is free
+again afterwards.
 """
 
 from __future__ import annotations

@@ -1,0 +1,95 @@
+"""Host staging for page I/O: ``Frames``, the layout of one pool's encoded pages inside a
+reusable host buffer (a ``memory.host.StagingArena`` buffer, pinned when the pools are on
+CUDA), shared by the linker, the SGLang integration and the vLLM worker.
+
+Owns byte offsets. Must not touch the tree, stores or pools: gathers and scatters write into
+the views it hands out; the codec fills headers in place; ``pageio`` reads and writes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixlink.stores.codec import HEADER_BYTES
+
+ALIGN = 16  # payloads start 16-byte aligned: pools move rows as up to 16-byte elements
+LEAD = -HEADER_BYTES % ALIGN  # bytes before a frame's header so its payload is aligned
+
+
+def frame_stride(frame_bytes: int) -> int:
+    """Bytes between consecutive frames of ``frame_bytes`` (lead + frame, rounded up)."""
+    return -(-(LEAD + frame_bytes) // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Frames:
+    """``count`` encoded pages of one pool in a staging buffer.
+
+    ::
+
+        buffer  ... | lead | header | payload (page_bytes) | tag? | pad | lead | header | ...
+                    ^offset        ^offset + LEAD + HEADER_BYTES (16-byte aligned)
+                    |<------------------------ stride ------------------------>|
+
+    Attributes:
+        buffer: the staging buffer (uint8, 1-D, 16-byte aligned).
+        view: a byte memoryview of ``buffer`` (made once per buffer: 3 us each).
+        offset: where frame 0's lead starts (a multiple of ``ALIGN``).
+        count: pages.
+        page_bytes: payload bytes of a page.
+        frame_bytes: header + payload + tag of a page (the codec's ``frame_bytes``).
+    """
+
+    buffer: torch.Tensor
+    view: memoryview
+    offset: int
+    count: int
+    page_bytes: int
+    frame_bytes: int
+
+    @property
+    def stride(self) -> int:
+        return frame_stride(self.frame_bytes)
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.stride
+
+    def payloads(self) -> torch.Tensor:
+        """The payloads as uint8 ``[count, page_bytes]`` with spaced rows (no copy)."""
+        start = self.offset + LEAD + HEADER_BYTES
+        return self.buffer.as_strided((self.count, self.page_bytes), (self.stride, 1), start)
+
+    def block(self) -> memoryview:
+        """The frames as one writable view: frame ``i`` starts at ``i * stride`` of it."""
+        start = self.offset + LEAD
+        return self.view[start : self.offset + self.nbytes]
+
+    def frames(self) -> list[memoryview]:
+        """One writable byte view per page: its whole frame (header, payload, tag)."""
+        view, stride, size = self.view, self.stride, self.frame_bytes
+        first = self.offset + LEAD
+        return [view[pos : pos + size] for pos in range(first, first + self.count * stride,
+                                                        stride)]
+
+
+def layout_frames(buffer: torch.Tensor, view: memoryview,
+                  sizes: list[tuple[int, int, int]]) -> list[Frames]:
+    """Lay out consecutive ``Frames`` blocks in ``buffer`` for ``(count, page_bytes,
+    frame_bytes)`` triples, in order; ``buffer`` must hold ``frames_bytes(sizes)``."""
+    out, offset = [], 0
+    for count, page_bytes, frame_bytes in sizes:
+        frames = Frames(buffer=buffer, view=view, offset=offset, count=count,
+                        page_bytes=page_bytes, frame_bytes=frame_bytes)
+        out.append(frames)
+        offset += frames.nbytes
+    assert offset <= buffer.numel(), f"{offset} staging bytes needed, {buffer.numel()} held"
+    return out
+
+
+def frames_bytes(sizes: list[tuple[int, int, int]]) -> int:
+    """Bytes ``layout_frames`` needs for ``sizes``."""
+    return sum(count * frame_stride(frame) for count, _, frame in sizes)
+

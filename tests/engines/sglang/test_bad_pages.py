@@ -1,0 +1,97 @@
+"""The one corrupt-page policy (``stores.pageio``) in both SGLang integrations: a batch with TWO
+bad pages at different positions counts both, deletes both from the store (the linker used to
+quarantine them locally, the HiCache backend left them in place), and the next save writes
+both again."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import SGLANG_MISSING
+
+pytest.importorskip("sglang", reason=SGLANG_MISSING)
+
+import torch  # noqa: E402
+
+from radixlink.integrations.sglang.hashing_compat import sglang_storage_page_hashes  # noqa: E402
+from radixlink.stores import Store  # noqa: E402
+from radixlink.stores.registry import open_store  # noqa: E402
+
+from .harness import FULL  # noqa: E402
+from .hicache_harness import (  # noqa: E402
+    BACKEND,
+    PAGE,
+    fill,
+    host_pool,
+    make_backend,
+    page_hashes,
+    tokens_of,
+)
+
+PROMPT = list(range(3000, 3040))  # 10 pages of 4
+
+
+def _damage(store: Store, flip: str, cut: str) -> None:
+    blob = bytearray(store.get([flip])[0])
+    blob[len(blob) // 2] ^= 0x01
+    whole = store.get([cut])[0]
+    store.put({flip: bytes(blob), cut: whole[: len(whole) // 2]})
+
+
+def _kv_key(store: Store, page_hash: str) -> list[str]:
+    return [k for k, _ in store.scan() if f"/{page_hash}/kv" in k]
+
+
+def test_linker_two_bad_pages_are_deleted_and_written_again(file_url, nodes) -> None:
+    """Pages 3 (flipped byte) and 7 (cut short) of A's prompt: B's load fails, both pages are
+    gone from the store, B's retry restores pages 0..2; C's save writes both again and D
+    restores all 10 pages byte-identically to C's."""
+    hashes = sglang_storage_page_hashes(PROMPT, 4)
+    a, b = nodes(FULL, file_url, 1), nodes(FULL, file_url, 2)
+    a.serve(PROMPT)
+    with open_store(file_url) as store:
+        (flip,), (cut,) = _kv_key(store, hashes[3]), _kv_key(store, hashes[7])
+        _damage(store, flip, cut)
+    first = b.restore(PROMPT, "r1")
+    assert (first.loaded_len, first.failed) == (40, True)
+    b.release(first)
+    with open_store(file_url) as store:
+        assert store.exists([flip, cut]) == [False, False]
+        assert len(list(store.scan())) == 8
+    second = b.restore(PROMPT, "r2")
+    assert (second.loaded_len, second.failed) == (12, False)
+    c = nodes(FULL, file_url, 3)
+    c_slots = c.serve(PROMPT)
+    with open_store(file_url) as store:
+        assert store.exists([flip, cut]) == [True, True]
+    d = nodes(FULL, file_url, 4)
+    got = d.restore(PROMPT, "r3")
+    assert (got.loaded_len, got.failed) == (40, False)
+    want, have = c.full_bytes(c_slots), d.full_bytes(got.slots)
+    assert len(want) == len(have) and all(torch.equal(x, y) for x, y in zip(want, have))
+
+
+def test_hicache_two_bad_pages_are_deleted_and_written_again(file_url: str) -> None:
+    """Pages 1 and 4 of 6 damaged: both read False (their neighbours load), both are deleted,
+    so presence stops at page 1 and SGLang's write-back sets them again; then all 6 load."""
+    prompt = list(range(7, 7 + 6 * PAGE))
+    keys = page_hashes(prompt)
+    pool = host_pool("page_first")
+    node = make_backend("dynamic", {**BACKEND, "store": file_url}, pool)
+    src = pool.alloc(len(prompt))
+    fill(pool, src, seed=6)
+    assert all(node.batch_set_v1(keys, src))
+    store = open_store(file_url)
+    (flip,), (cut,) = _kv_key(store, keys[1]), _kv_key(store, keys[4])
+    _damage(store, flip, cut)
+    dst = pool.alloc(len(prompt))
+    assert node.batch_get_v1(keys, dst) == [True, False, True, True, False, True]
+    assert store.exists([flip, cut]) == [False, False]
+    assert node.batch_exists(keys) == 1
+    assert all(node.batch_set_v1(keys, src))
+    assert node.batch_exists(keys) == 6
+    again = pool.alloc(len(prompt))
+    assert node.batch_get_v1(keys, again) == [True] * 6
+    assert all(torch.equal(x, y) for x, y in zip(tokens_of(pool, again), tokens_of(pool, src)))
+    store.close()
+    node.close()

@@ -1,0 +1,132 @@
+"""``stores.pageio``, the one page I/O unit: key templates byte-identical to ``page_key``, a
+batched read into caller frames with every bad page counted and the present ones deleted, a
+write from staging that skips present pages but never a bad one, and the presence query."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlink.contract import PoolName
+from radixlink.hashing import Namespace, namespace_id
+from radixlink.memory.host import StagingArena
+from radixlink.stores import pageio
+from radixlink.stores.faults import FaultyStore
+from radixlink.stores.keys import page_key
+from radixlink.stores.memory import MemoryStore
+
+PAGE = 64
+HASHES = [f"{i:016x}" for i in range(6)]
+
+
+def _pages(n: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, PAGE), dtype=torch.uint8, generator=gen)
+
+
+def _save(store: MemoryStore, codec: pageio.Codec, keys: list[str], data: torch.Tensor,
+          arena: StagingArena, **kw: object) -> pageio.WriteResult:
+    staging, parts = pageio.stage_pages(arena, [(codec, keys)])
+    try:
+        parts[0].frames.payloads().copy_(data)
+        return pageio.write(store, parts, **kw)  # type: ignore[arg-type]
+    finally:
+        arena.release(*staging)
+
+
+def _damage(store: MemoryStore, keys: list[str]) -> None:
+    """Page 1: a payload byte flipped; page 4: cut short; page 5: gone."""
+    flipped = bytearray(store.get([keys[1]])[0])
+    flipped[-1] ^= 0xFF
+    cut = store.get([keys[4]])[0]
+    store.put({keys[1]: bytes(flipped), keys[4]: cut[:40]})
+    store.delete([keys[5]])
+
+
+def test_key_templates_are_the_bytes_of_page_key() -> None:
+    ns = namespace_id(Namespace(model="m", layout="l"))
+    for ns_id, pool, rank in [(ns, PoolName.KV, 0), (ns, PoolName.SWA, 3), ("", "mamba", None),
+                              (ns, PoolName.MAMBA, None)]:
+        assert pageio.page_keys(ns_id, pool, HASHES, rank) == [
+            page_key(ns_id, h, pool, rank) for h in HASHES]
+    keys = pageio.PageKeys(2, {PoolName.KV})
+    assert keys.keys(PoolName.KV, None, HASHES[:1]) == [page_key(namespace_id(None), HASHES[0],
+                                                                 PoolName.KV)]
+    assert keys.keys(PoolName.SWA, ns, HASHES[:1]) == [page_key(ns, HASHES[0], PoolName.SWA, 2)]
+    assert not keys.writes(PoolName.KV) and keys.writes(PoolName.SWA)
+    with pytest.raises(ValueError, match="rank"):
+        pageio.PageKeys(-1)
+    with pytest.raises(ValueError, match="pool"):
+        pageio.page_keys(ns, "nope", HASHES)
+    with pytest.raises(ValueError, match="page hash '../x'"):
+        pageio.page_keys(ns, PoolName.KV, ["ab", "../x"])
+
+
+def test_two_bad_pages_are_counted_deleted_and_rewritten_by_the_next_save() -> None:
+    """A batch of 6 pages with a corrupt one (position 1), a truncated one (4) and a missing
+    one (5): every one is a miss with its reason, both present bad pages are deleted (the
+    others stay), the verified payloads sit in the caller's frames, and the next save that
+    skips present pages still writes all three."""
+    store, arena = MemoryStore(1 << 20), StagingArena()
+    codec = pageio.make_codec("fp", PAGE)
+    keys = pageio.page_keys("ab", PoolName.KV, HASHES)
+    data = _pages(6, seed=1)
+    assert _save(store, codec, keys, data, arena).stored == keys
+    _damage(store, keys)
+    bad = pageio.BadKeys()
+    staging, parts = pageio.stage_pages(arena, [(codec, keys)])
+    read = pageio.read(store, parts, bad=bad)
+    assert read.reasons == [None, "checksum", None, None, "truncated", "missing"]
+    assert read.misses() == {"checksum": 1, "truncated": 1, "missing": 1}
+    assert read.bad_keys == [keys[1], keys[4]] and not read.ok
+    assert store.exists(keys) == [True, False, True, True, False, False]
+    rows = parts[0].frames.payloads()
+    assert all(torch.equal(rows[i], data[i]) for i in (0, 2, 3))
+    assert codec.stats()["checksum"] == 1 and codec.stats()["truncated"] == 1
+    arena.release(*staging)
+    written = _save(store, codec, keys, data, arena, skip_present=True, bad=bad)
+    assert sorted(written.stored) == sorted([keys[1], keys[4], keys[5]])
+    assert written.skipped == 3 and written.healed == 2 and written.ok
+    staging, parts = pageio.stage_pages(arena, [(codec, keys)])
+    assert pageio.read(store, parts).ok
+    assert torch.equal(parts[0].frames.payloads().clone(), data)
+    arena.release(*staging)
+
+
+def test_a_bad_page_whose_delete_fails_reads_absent_and_is_overwritten() -> None:
+    """The delete fails (a store error, logged): the bad keys still read absent to the
+    presence query and the next skip-present save overwrites them."""
+    inner, arena = MemoryStore(1 << 20), StagingArena()
+    store = FaultyStore(inner, ops=("delete",), fail=1.0)
+    codec = pageio.make_codec("fp", PAGE)
+    keys = pageio.page_keys("ab", PoolName.KV, HASHES)
+    data = _pages(6, seed=2)
+    _save(inner, codec, keys, data, arena)
+    _damage(inner, keys)
+    bad = pageio.BadKeys()
+    staging, parts = pageio.stage_pages(arena, [(codec, keys)])
+    assert pageio.read(store, parts, bad=bad).bad_keys == [keys[1], keys[4]]
+    arena.release(*staging)
+    assert inner.exists(keys) == [True, True, True, True, True, False]  # not deleted
+    flags = pageio.present(store, keys, bad)
+    assert flags == [True, False, True, True, False, False]
+    assert pageio.leading_present(flags) == 1
+    written = _save(store, codec, keys, data, arena, skip_present=True, bad=bad)
+    assert sorted(written.stored) == sorted([keys[1], keys[4], keys[5]]) and written.healed == 2
+    assert pageio.present(store, keys, bad) == [True] * 6
+
+
+def test_a_page_of_another_layout_or_key_is_a_miss_and_deleted() -> None:
+    """Foreign pages: one written under another key, one of another layout fingerprint."""
+    store, arena = MemoryStore(1 << 20), StagingArena()
+    codec = pageio.make_codec("fp", PAGE)
+    keys = pageio.page_keys("ab", PoolName.KV, HASHES[:3])
+    data = _pages(3, seed=3)
+    _save(store, codec, keys, data, arena)
+    _save(store, pageio.make_codec("other", PAGE), keys[2:], data[2:], arena)
+    store.put({keys[0]: store.get([keys[1]])[0]})
+    staging, parts = pageio.stage_pages(arena, [(codec, keys)])
+    read = pageio.read(store, parts)
+    arena.release(*staging)
+    assert read.reasons == ["key", None, "fingerprint"]
+    assert store.exists(keys) == [False, True, False]
