@@ -21,7 +21,7 @@ from radixlink.checks import (
     check_slots,
 )
 from radixlink.components.assembly import build_components, build_memory
-from radixlink.components.base import TreeComponent
+from radixlink.components.base import TreeComponent, alloc_or_evict
 from radixlink.config import CacheConfig
 from radixlink.contract import (
     EvictParams,
@@ -187,14 +187,14 @@ class UnifiedCache:
         """
         full, swa = self._full, self._swa
         source = None if swa is None else swa.alloc_mapped
-        slots = full.alloc(num_tokens, source)
-        if slots is None:
+
+        def make_room() -> None:
             need = -(-num_tokens // self.page_size) * self.page_size
             full.make_room(need - full.allocator.available_size())
             if swa is not None:  # evicting full KV above may have freed SWA data already
                 swa.make_room(need - swa.allocator.swa_available_size())
-            slots = full.alloc(num_tokens, source)
-        return slots
+
+        return alloc_or_evict(lambda: full.alloc(num_tokens, source), make_room)
 
     def free(self, slots: torch.Tensor) -> None:
         """Return whole pages of slots that the caller holds (with their SWA pages).

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from radixlink.checks import check_slots
+from radixlink.components.base import alloc_or_evict
 from radixlink.tree.node import TreeNode
 
 
@@ -59,11 +60,7 @@ class HybridSlots:
             ValueError: this cache has no MAMBA component.
         """
         mamba = _need(self._mamba, "alloc_state")
-        slot = mamba.alloc()
-        if slot is None:
-            mamba.make_room(1)
-            slot = mamba.alloc()
-        return slot
+        return alloc_or_evict(mamba.alloc, lambda: mamba.make_room(1))
 
     def copy_state(self, node: TreeNode) -> int | None:
         """A fresh request-held state slot holding a copy of the state at ``node``'s end (the
@@ -79,15 +76,15 @@ class HybridSlots:
         if not isinstance(node, TreeNode) or node.seq_len < 0 or node.values[mamba.index] is None:
             raise ValueError(f"copy_state of {node!r}: it holds no state (evicted since the "
                              "match?); lock the match's last_node before copying")
-        slot = mamba.copy_state(node)
-        if slot is None:
+
+        def make_room() -> None:
             handle = self.tree.lock(node)  # NOTE: the lock keeps this state while others go
             try:
                 mamba.make_room(1)
             finally:
                 self.tree.unlock(handle)
-            slot = mamba.copy_state(node)
-        return slot
+
+        return alloc_or_evict(lambda: mamba.copy_state(node), make_room)
 
     def free_state(self, slot: int) -> None:
         """Return a request-held state slot (``alloc_state``, ``copy_state``).

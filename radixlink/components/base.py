@@ -7,7 +7,7 @@ DESIGN.md section 3. Concrete components (full.py, swa.py, mamba.py) override ho
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
 
@@ -26,6 +26,19 @@ from radixlink.tree.protocol import TreeOps
 
 RoomFn = Callable[[int, int], None]
 """``make_room(component_index, units)``: the facade's one eviction path (evict, then apply)."""
+
+T = TypeVar("T")
+
+
+def alloc_or_evict(alloc: Callable[[], T | None], make_room: Callable[[], None]) -> T | None:
+    """The one "try, make room, retry" of every allocation that may evict: ``alloc()``; when
+    it gives None, ``make_room()`` (through the facade's eviction path: ``make_room`` of a
+    component) and ``alloc()`` once more. None when even eviction could not make room."""
+    got = alloc()
+    if got is None:
+        make_room()
+        got = alloc()
+    return got
 
 
 class SlotAllocator(Protocol):

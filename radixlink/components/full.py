@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from radixlink.components.base import SlotAllocator, TreeComponent
+from radixlink.components.base import SlotAllocator, TreeComponent, alloc_or_evict
 from radixlink.components.ownership import PageOwnership
 from radixlink.config import EvictionPolicy
 from radixlink.contract import (
@@ -326,10 +326,8 @@ class FullComponent(TreeComponent):
         if phase is LinkerTransferPhase.LOOKUP:
             return PoolTransfer(name=PoolName.KV, keys=list(keys))
         num_tokens = len(keys) * self.page_size
-        slots = self.alloc(num_tokens)
-        if slots is None:
-            self.make_room(num_tokens - self.allocator.available_size())
-            slots = self.alloc(num_tokens)
+        slots = alloc_or_evict(lambda: self.alloc(num_tokens), lambda: self.make_room(
+            num_tokens - self.allocator.available_size()))
         if slots is None:
             return None
         return PoolTransfer(name=PoolName.KV, keys=list(keys), device_indices=slots)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from radixlink.components.base import TreeComponent, evict_tombstoning
+from radixlink.components.base import TreeComponent, alloc_or_evict, evict_tombstoning
 from radixlink.config import EvictionPolicy
 from radixlink.contract import (
     ComponentType,
@@ -306,10 +306,7 @@ class MambaComponent(TreeComponent):
                                 hit_policy=PoolHitPolicy.TRAILING_PAGES)
         if not keys:
             return None
-        slot = self.alloc()
-        if slot is None:
-            self.make_room(1)
-            slot = self.alloc()
+        slot = alloc_or_evict(self.alloc, lambda: self.make_room(1))
         if slot is None:
             return None
         return PoolTransfer(name=PoolName.MAMBA, keys=[keys[-1]],

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from radixlink.components.base import alloc_or_evict
 from radixlink.components.swa_insert import SWACounts
 from radixlink.contract import (
     ComponentType,
@@ -81,10 +82,8 @@ class SWALinker:
 
     def _alloc_swa(self, num_tokens: int) -> torch.Tensor | None:
         alloc = self.allocator
-        slots = alloc.alloc_swa(num_tokens)
-        if slots is None:
-            self.make_room(num_tokens - alloc.swa_available_size())
-            slots = alloc.alloc_swa(num_tokens)
+        slots = alloc_or_evict(lambda: alloc.alloc_swa(num_tokens), lambda: self.make_room(
+            num_tokens - alloc.swa_available_size()))
         if slots is not None:
             self.counts.num_held += slots.shape[0]
         return slots
