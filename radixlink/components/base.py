@@ -82,6 +82,9 @@ class TreeComponent:
     # TRAILING_PAGES components: how many trailing pages a restorable prefix needs
     # (SWA: ceil(window / page_size); MAMBA: 1); 0 = all pages. Read by the linker's LOOKUP.
     window_pages: int = 0
+    # Whether LOAD reserves device slots for this component (a LOAD transfer of None is then a
+    # refusal: the load is a miss); False = it takes no part in loads.
+    takes_part_in_loads: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.index = -1
@@ -208,11 +211,10 @@ class TreeComponent:
         prefix_len: int,
         *,
         insert_result: InsertResult | None = None,
-        canonical_full: torch.Tensor | None = None,
     ) -> PoolTransfer | None:
         """Advance a load of this component: PREPARE (set mappings before data lands), COMMIT
-        (bind to the tree's canonical slots after insert, free what was not adopted), ABORT
-        (release what LOAD reserved). The default keeps ``transfer`` unchanged."""
+        (after the publishing insert, which already adopted or freed every reserved slot),
+        ABORT (release what LOAD reserved). The default keeps ``transfer`` unchanged."""
         return transfer
 
 

@@ -44,6 +44,7 @@ class FullComponent(TreeComponent):
 
     component_type = _FULL
     pool_name = PoolName.KV
+    takes_part_in_loads = True
     hit_policy = PoolHitPolicy.ALL_PAGES
 
     def __init__(
@@ -341,25 +342,12 @@ class FullComponent(TreeComponent):
         prefix_len: int,
         *,
         insert_result: InsertResult | None = None,
-        canonical_full: torch.Tensor | None = None,
     ) -> PoolTransfer | None:
-        """PREPARE: nothing. COMMIT: the insert adopted some reserved pages and freed the
-        duplicates itself; return the transfer trimmed to the adopted pages. ABORT: free
-        every reserved slot."""
+        """PREPARE, COMMIT: nothing (the publishing insert adopts reserved pages and frees
+        the duplicates itself). ABORT: free every reserved slot."""
         if transfer is None or transfer.device_indices is None:
-            return transfer
-        if phase is ExternalLinkerLoadPhase.PREPARE:
             return transfer
         if phase is ExternalLinkerLoadPhase.ABORT:
             self.free(transfer.device_indices)
             return None
-        assert insert_result is not None, "COMMIT needs the insert's result"
-        ps, slots = self.page_size, transfer.device_indices
-        parts, keys = [], []
-        for start, end in insert_result.adopted_ranges.get(_FULL, ()):
-            lo, hi = max(start - prefix_len, 0), min(end - prefix_len, slots.shape[0])
-            if hi > lo:
-                parts.append(slots[lo:hi])
-                keys.extend(transfer.keys[lo // ps : hi // ps])
-        adopted = torch.cat(parts) if parts else self._empty
-        return PoolTransfer(name=PoolName.KV, keys=keys, device_indices=adopted)
+        return transfer

@@ -86,6 +86,7 @@ class MambaComponent(TreeComponent):
 
     component_type = _MAMBA
     pool_name = PoolName.MAMBA
+    takes_part_in_loads = True
     hit_policy = PoolHitPolicy.TRAILING_PAGES
     window_pages = 1
 
@@ -322,19 +323,15 @@ class MambaComponent(TreeComponent):
         prefix_len: int,
         *,
         insert_result: InsertResult | None = None,
-        canonical_full: torch.Tensor | None = None,
     ) -> PoolTransfer | None:
-        """PREPARE: nothing. COMMIT: the publishing insert took ``mamba_value`` (adopted or
-        freed it); return the transfer when adopted, else None. ABORT: free the reserved slot
-        (never inserted: ABORT comes only before publishing)."""
+        """PREPARE, COMMIT: nothing (the publishing insert adopts ``mamba_value`` or frees
+        it). ABORT: free the reserved slot (never inserted: ABORT comes only before
+        publishing)."""
         if transfer is None or transfer.device_indices is None:
             return transfer
-        if phase is ExternalLinkerLoadPhase.PREPARE:
-            return transfer
-        slot = int(transfer.device_indices.reshape(-1)[0])
         if phase is ExternalLinkerLoadPhase.ABORT:
+            slot = int(transfer.device_indices.reshape(-1)[0])
             assert not self._owned[slot], f"ABORT of state slot {slot}, which the tree owns"
             self.free(slot)
             return None
-        assert insert_result is not None, "COMMIT needs the insert's result"
-        return transfer if insert_result.adopted_ranges.get(_MAMBA) else None
+        return transfer

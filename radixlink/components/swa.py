@@ -60,6 +60,7 @@ class SWAComponent(TreeComponent):
 
     component_type = _SWA
     pool_name = PoolName.SWA
+    takes_part_in_loads = True
     hit_policy = PoolHitPolicy.TRAILING_PAGES
 
     def __init__(
@@ -372,8 +373,6 @@ class SWAComponent(TreeComponent):
         prefix_len: int,
         *,
         insert_result: InsertResult | None = None,
-        canonical_full: torch.Tensor | None = None,
     ) -> PoolTransfer | None:
         """See ``SWALinker.update_load``."""
-        return self._linker.update_load(phase, req, full_transfer, transfer, prefix_len,
-                                        insert_result=insert_result)
+        return self._linker.update_load(phase, req, full_transfer, transfer, prefix_len)

@@ -16,9 +16,7 @@ import torch
 from radixlink.components.base import alloc_or_evict
 from radixlink.components.swa_insert import SWACounts
 from radixlink.contract import (
-    ComponentType,
     ExternalLinkerLoadPhase,
-    InsertResult,
     LinkerTransferPhase,
     PoolHitPolicy,
     PoolName,
@@ -95,15 +93,11 @@ class SWALinker:
         full_transfer: PoolTransfer | None,
         transfer: PoolTransfer | None,
         prefix_len: int,
-        *,
-        insert_result: InsertResult | None = None,
-        canonical_full: torch.Tensor | None = None,
     ) -> PoolTransfer | None:
         """PREPARE: map the tail's last full pages to the reserved SWA pages and raise
-        ``req.swa_evicted_seqlen`` to where they start (the insert keeps only those). COMMIT: the
-        insert already kept, healed with or dropped every mapped page (exactly once); return the
-        transfer trimmed to the adopted pages, with their canonical SWA slots. ABORT: free the
-        reserved SWA pages and their mappings."""
+        ``req.swa_evicted_seqlen`` to where they start (the insert keeps only those). COMMIT:
+        nothing (the insert already kept, healed with or dropped every mapped page, exactly
+        once). ABORT: free the reserved SWA pages and their mappings."""
         if transfer is None or transfer.device_indices is None:
             return transfer
         swa = transfer.device_indices
@@ -125,34 +119,4 @@ class SWALinker:
                 alloc.swa.free(swa)
             self.counts.num_held -= swa.shape[0]
             return None
-        assert insert_result is not None, "COMMIT needs the insert's result"
-        return self._adopted(transfer, insert_result, prefix_len + full.shape[0])
-
-    def _adopted(self, transfer: PoolTransfer, result: InsertResult, end: int) -> PoolTransfer:
-        """The part of ``transfer`` the tree took, as the tree's SWA slots now hold it."""
-        ps, swa = self.page_size, transfer.device_indices
-        assert swa is not None
-        start = end - swa.shape[0]
-        keys: list[str] = []
-        parts: list[torch.Tensor] = []
-        for a, b in result.adopted_ranges.get(ComponentType.SWA, ()):
-            lo, hi = max(a, start), min(b, end)
-            if hi > lo:
-                keys.extend(transfer.keys[(lo - start) // ps : (hi - start) // ps])
-                parts.append(self._tree_swa(result.last_node, lo, hi))
-        slots = torch.cat(parts) if parts else swa[:0]
-        return PoolTransfer(name=PoolName.SWA, keys=keys, device_indices=slots,
-                            hit_policy=_TRAILING)
-
-    def _tree_swa(self, node: TreeNode, lo: int, hi: int) -> torch.Tensor:
-        """The tree's SWA slots for tokens ``[lo, hi)`` on the path ending at ``node``."""
-        parts: list[torch.Tensor] = []
-        while node.parent is not None and node.seq_len > lo:
-            start = node.seq_len - (len(node.key) >> 2)
-            a, b = max(lo, start), min(hi, node.seq_len)
-            full = node.values[0]
-            if b > a and full is not None:
-                parts.append(self.allocator.translate_full_to_swa(full[a - start : b - start]))
-            node = node.parent
-        parts.reverse()
-        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+        return transfer  # COMMIT: the insert kept, healed with or dropped every mapped page

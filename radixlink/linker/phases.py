@@ -103,14 +103,16 @@ def prepare(components: Sequence[Any], reservation: Reservation) -> bool:
     keys, prefix = reservation.lookup.keys, reservation.prefix_len
     full: PoolTransfer | None = None
     for component in components:
+        if not component.takes_part_in_loads:
+            reservation.transfers.append(None)
+            continue
         transfer = component.build_external_linker_transfer(LinkerTransferPhase.LOAD, None, keys)
         if transfer is not None:
             full = transfer if full is None else full
             transfer = component.update_external_linker_load(_PREPARE, reservation, full,
                                                              transfer, prefix)
         reservation.transfers.append(transfer)
-        if transfer is None and component.build_external_linker_transfer(
-                LinkerTransferPhase.LOOKUP, None, keys) is not None:
+        if transfer is None:
             abort(components, reservation)
             return False
     return full is not None
@@ -155,5 +157,5 @@ def publish(cache: Any, components: Sequence[Any], reservation: Reservation) -> 
     for component, transfer in zip(components, reservation.transfers):
         if transfer is not None:
             component.update_external_linker_load(_COMMIT, reservation, full, transfer, prefix,
-                                                  insert_result=result, canonical_full=None)
+                                                  insert_result=result)
     return result
