@@ -8,6 +8,7 @@ called only here. Owns no state; runs on the caller's thread. Must not touch sto
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,11 +25,19 @@ from radixlink.contract import (
 )
 from radixlink.linker.records import Lookup
 
+logger = logging.getLogger(__name__)
+
 _PREPARE, _COMMIT, _ABORT = (
     ExternalLinkerLoadPhase.PREPARE,
     ExternalLinkerLoadPhase.COMMIT,
     ExternalLinkerLoadPhase.ABORT,
 )
+
+
+class ShortRestore(ValueError):
+    """The publish restored less than the load brought (a component published a short window
+    or no state): the load fails, loudly. The insert already took every reserved slot, so
+    there is nothing left to ABORT."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -130,9 +139,12 @@ def abort(components: Sequence[Any], reservation: Reservation) -> None:
 
 def publish(cache: Any, components: Sequence[Any], reservation: Reservation) -> InsertResult:
     """Insert the locked device prefix plus the verified loaded slots (tracking adoption, not
-    a hit, no linker callback), then COMMIT every component to what the tree adopted.
+    a hit, no linker callback), then COMMIT every component to what the tree adopted, and
+    check the tree now serves every loaded token (the restored length is the loaded length).
 
     Raises:
+        ShortRestore: the tree serves less than ``len(lookup.tokens)`` after the publish (the
+            reservation is then empty: ``release`` only unlocks); logged.
         ValueError: the insert refused (nothing changed); the caller ABORTs.
     """
     lookup, prefix, full = reservation.lookup, reservation.prefix_len, reservation.full
@@ -158,4 +170,12 @@ def publish(cache: Any, components: Sequence[Any], reservation: Reservation) -> 
         if transfer is not None:
             component.update_external_linker_load(_COMMIT, reservation, full, transfer, prefix,
                                                   insert_result=result)
+    served = cache.peek_prefix(lookup.tokens, namespace=lookup.namespace).prefix_len
+    if served < len(lookup.tokens):
+        reservation.transfers = []  # NOTE: the insert adopted or freed every reserved slot
+        message = (f"restored {served} of {len(lookup.tokens)} tokens after publishing a load "
+                   f"of {len(lookup.tokens) - prefix} (a component published less than it "
+                   "loaded: a short SWA window or a missing state)")
+        logger.warning("load failure: %s", message)
+        raise ShortRestore(message)
     return result

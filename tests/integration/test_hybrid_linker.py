@@ -4,10 +4,14 @@ restorable lengths are sparse, and failures abort with exact accounting on every
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+
 import pytest
 import torch
 from hybrid_kit import (
     KINDS,
+    PS,
     TOKENS,
     assert_exact,
     load,
@@ -173,3 +177,37 @@ def test_swa_offload_exports_only_the_trailing_window_pages(store: MemoryStore) 
     full = linker.store_keys(PoolTransfer(name=PoolName.KV, keys=hashes))
     assert store.exists(swa) == [False, False, False, True, True]
     assert all(store.exists(full))
+
+
+@pytest.mark.parametrize("kind", ["swa", "swa+mamba"])
+def test_a_window_published_one_page_short_is_a_counted_logged_load_failure(
+    kind: str, store: MemoryStore, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A publish that restores the SWA window one page short (the mutation: the insert is told
+    the load holds no SWA for its first window page) serves less than was loaded: the load
+    fails loudly (ok=False with a reason, counted, logged), never ok=True with a shorter
+    prefix; nothing stays held or locked, every pool's accounting is exact."""
+    _, _ = offloaded(kind, store)
+    cache_b = make_cache(kind)
+    linker_b = ExternalCacheLinker(cache_b, store)
+    real = cache_b.insert_loaded
+
+    def one_page_short(params, **kw):
+        return real(dataclasses.replace(params, swa_evicted_seqlen=params.swa_evicted_seqlen + PS),
+                    **kw)
+
+    monkeypatch.setattr(cache_b, "insert_loaded", one_page_short)
+    before = linker_b.stats()
+    with caplog.at_level(logging.WARNING, logger="radixlink"):
+        m, out = load(cache_b, linker_b, TOKENS)
+    assert m.external_hit_len == 40
+    assert not out.ok and "restored" in out.reason, out
+    assert (out.prefix_len, out.loaded_len) == (0, 0)
+    after = linker_b.stats()
+    assert after["failures_load"] == before.get("failures_load", 0) + 1
+    assert after["failures_publish"] == before.get("failures_publish", 0) + 1
+    assert any("restored" in r.getMessage() for r in caplog.records)
+    assert not cache_b.tree.live_handles()
+    linker_b.flush()
+    assert_exact(cache_b)
