@@ -11,14 +11,16 @@ from typing import Any
 
 import torch
 
-from radixlink.components.base import SlotAllocator, TreeComponent, alloc_or_evict
+from radixlink.components.base import (
+    ComponentLoad,
+    SlotAllocator,
+    TreeComponent,
+    alloc_or_evict,
+)
 from radixlink.components.ownership import PageOwnership
 from radixlink.config import EvictionPolicy
 from radixlink.contract import (
     ComponentType,
-    ExternalLinkerLoadPhase,
-    InsertResult,
-    LinkerTransferPhase,
     MatchResult,
     PoolHitPolicy,
     PoolName,
@@ -311,21 +313,18 @@ class FullComponent(TreeComponent):
             "evictable_leaves": len(self.evictable),
         }
 
-    # ---------------------------------------------------------------- linker (DESIGN.md 3)
+    # ---------------------------------------------------------------- linker (typed steps)
 
-    def build_external_linker_transfer(
-        self, phase: LinkerTransferPhase, node: TreeNode | None, keys: list[str]
-    ) -> PoolTransfer | None:
-        """OFFLOAD: the node's slots keyed by its page hashes (None without hashes or device
-        data). LOOKUP: the keys. LOAD: ``len(keys)`` pages of fresh slots, evicting when short
-        (None when even eviction cannot make room); they count as held until COMMIT/ABORT."""
-        if phase is LinkerTransferPhase.OFFLOAD:
-            if node is None or node.hash_value is None or node.values[0] is None:
-                return None
-            return PoolTransfer(name=PoolName.KV, keys=list(node.hash_value),
-                                device_indices=node.values[0])
-        if phase is LinkerTransferPhase.LOOKUP:
-            return PoolTransfer(name=PoolName.KV, keys=list(keys))
+    def _offload_transfer(self, node: TreeNode) -> PoolTransfer | None:
+        """The node's slots keyed by its page hashes (None without hashes or device data)."""
+        if node.hash_value is None or node.values[0] is None:
+            return None
+        return PoolTransfer(name=PoolName.KV, keys=list(node.hash_value),
+                            device_indices=node.values[0])
+
+    def _reserve_load(self, keys: list[str]) -> PoolTransfer | None:
+        """``len(keys)`` pages of fresh slots, evicting when short (None when even eviction
+        cannot make room); they count as held until the publishing insert or ABORT."""
         num_tokens = len(keys) * self.page_size
         slots = alloc_or_evict(lambda: self.alloc(num_tokens), lambda: self.make_room(
             num_tokens - self.allocator.available_size()))
@@ -333,21 +332,5 @@ class FullComponent(TreeComponent):
             return None
         return PoolTransfer(name=PoolName.KV, keys=list(keys), device_indices=slots)
 
-    def update_external_linker_load(
-        self,
-        phase: ExternalLinkerLoadPhase,
-        req: Any,
-        full_transfer: PoolTransfer | None,
-        transfer: PoolTransfer | None,
-        prefix_len: int,
-        *,
-        insert_result: InsertResult | None = None,
-    ) -> PoolTransfer | None:
-        """PREPARE, COMMIT: nothing (the publishing insert adopts reserved pages and frees
-        the duplicates itself). ABORT: free every reserved slot."""
-        if transfer is None or transfer.device_indices is None:
-            return transfer
-        if phase is ExternalLinkerLoadPhase.ABORT:
-            self.free(transfer.device_indices)
-            return None
-        return transfer
+    def abort_load(self, load: ComponentLoad) -> None:
+        self.free(load.slots)

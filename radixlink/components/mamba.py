@@ -12,13 +12,15 @@ from typing import Any
 
 import torch
 
-from radixlink.components.base import TreeComponent, alloc_or_evict, evict_tombstoning
+from radixlink.components.base import (
+    ComponentLoad,
+    TreeComponent,
+    alloc_or_evict,
+    evict_tombstoning,
+)
 from radixlink.config import EvictionPolicy
 from radixlink.contract import (
     ComponentType,
-    ExternalLinkerLoadPhase,
-    InsertResult,
-    LinkerTransferPhase,
     MatchResult,
     PoolHitPolicy,
     PoolName,
@@ -88,7 +90,6 @@ class MambaComponent(TreeComponent):
     pool_name = PoolName.MAMBA
     takes_part_in_loads = True
     hit_policy = PoolHitPolicy.TRAILING_PAGES
-    window_pages = 1
 
     def __init__(
         self,
@@ -103,6 +104,10 @@ class MambaComponent(TreeComponent):
         self._owned = [False] * (slots.total_size() + 1)
         self.cached_states = 0
         self.num_held = 0
+
+    @property
+    def window_pages(self) -> int:
+        return 1  # the state at a boundary is one trailing page
 
     def bind(self, tree: Any, index: int) -> None:
         super().bind(tree, index)
@@ -284,27 +289,22 @@ class MambaComponent(TreeComponent):
         }
 
     # ---------------------------------------------------------------- linker (DESIGN.md 5)
+    # The state at a node's end is one trailing page keyed by its last page hash; LOOKUP asks
+    # for every tail key (present at page i = the state at the end of page i is stored).
 
-    def build_external_linker_transfer(
-        self, phase: LinkerTransferPhase, node: TreeNode | None, keys: list[str]
-    ) -> PoolTransfer | None:
-        """The state at a node's end is one trailing page keyed by its last page hash.
+    def _offload_transfer(self, node: TreeNode) -> PoolTransfer | None:
+        """``node``'s state slot (None when it has no state or no hashes)."""
+        state = node.values[self.index]
+        if state is None or not node.hash_value:
+            return None
+        return PoolTransfer(name=PoolName.MAMBA, keys=[node.hash_value[-1]],
+                            device_indices=torch.tensor([state], dtype=torch.int64),
+                            hit_policy=PoolHitPolicy.TRAILING_PAGES)
 
-        OFFLOAD: ``node``'s state slot (None when it has no state or no hashes). LOOKUP: every
-        tail key (present at page i = the state at the end of page i is stored). LOAD: one
-        fresh state slot for the tail's end, evicting a cached state when none is free (None
-        when even that fails); held until the publishing insert takes it or ABORT frees it.
-        """
-        if phase is LinkerTransferPhase.OFFLOAD:
-            state = None if node is None else node.values[self.index]
-            if node is None or state is None or not node.hash_value:
-                return None
-            return PoolTransfer(name=PoolName.MAMBA, keys=[node.hash_value[-1]],
-                                device_indices=torch.tensor([state], dtype=torch.int64),
-                                hit_policy=PoolHitPolicy.TRAILING_PAGES)
-        if phase is LinkerTransferPhase.LOOKUP:
-            return PoolTransfer(name=PoolName.MAMBA, keys=list(keys),
-                                hit_policy=PoolHitPolicy.TRAILING_PAGES)
+    def _reserve_load(self, keys: list[str]) -> PoolTransfer | None:
+        """One fresh state slot for the tail's end, evicting a cached state when none is free
+        (None when even that fails); held until the publishing insert takes it (it is the
+        insert's ``mamba_value``) or ABORT frees it."""
         if not keys:
             return None
         slot = alloc_or_evict(self.alloc, lambda: self.make_room(1))
@@ -314,24 +314,8 @@ class MambaComponent(TreeComponent):
                             device_indices=torch.tensor([slot], dtype=torch.int64),
                             hit_policy=PoolHitPolicy.TRAILING_PAGES)
 
-    def update_external_linker_load(
-        self,
-        phase: ExternalLinkerLoadPhase,
-        req: Any,
-        full_transfer: PoolTransfer | None,
-        transfer: PoolTransfer | None,
-        prefix_len: int,
-        *,
-        insert_result: InsertResult | None = None,
-    ) -> PoolTransfer | None:
-        """PREPARE, COMMIT: nothing (the publishing insert adopts ``mamba_value`` or frees
-        it). ABORT: free the reserved slot (never inserted: ABORT comes only before
-        publishing)."""
-        if transfer is None or transfer.device_indices is None:
-            return transfer
-        if phase is ExternalLinkerLoadPhase.ABORT:
-            slot = int(transfer.device_indices.reshape(-1)[0])
-            assert not self._owned[slot], f"ABORT of state slot {slot}, which the tree owns"
-            self.free(slot)
-            return None
-        return transfer
+    def abort_load(self, load: ComponentLoad) -> None:
+        """Free the reserved slot (never inserted: ABORT comes only before publishing)."""
+        slot = int(load.slots.reshape(-1)[0])
+        assert not self._owned[slot], f"ABORT of state slot {slot}, which the tree owns"
+        self.free(slot)

@@ -12,15 +12,13 @@ from typing import Any
 
 import torch
 
-from radixlink.components.base import TreeComponent, evict_tombstoning
+from radixlink.components.base import ComponentLoad, TreeComponent, evict_tombstoning
 from radixlink.components.swa_insert import Remap, SWACounts, SWAInsert
 from radixlink.components.swa_linker import SWALinker
+from radixlink.components.window import Window
 from radixlink.config import EvictionPolicy
 from radixlink.contract import (
     ComponentType,
-    ExternalLinkerLoadPhase,
-    InsertResult,
-    LinkerTransferPhase,
     MatchResult,
     PoolHitPolicy,
     PoolName,
@@ -70,14 +68,11 @@ class SWAComponent(TreeComponent):
         policy: EvictionPolicy | str = EvictionPolicy.LRU,
         pool: KVPool | None = None,
     ) -> None:
-        if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
-            raise ValueError(f"the SWA window must be a positive int (tokens), got {window!r}")
+        self.window = Window(window, allocator.page_size)  # NOTE: checks ``window`` first
         super().__init__()
         self.allocator = allocator
         self.pool = pool
-        self.window = window
         self.page_size = allocator.page_size
-        self.window_pages = -(-window // self.page_size)
         self.policy = EvictionPolicy(policy)
         self.evictable = EvictableSet(0, self.policy, deep_first=True)
         self.counts = SWACounts()
@@ -88,8 +83,13 @@ class SWAComponent(TreeComponent):
         assert index > 0, "SWAComponent cannot be the backbone"
         self.evictable = EvictableSet(index, self.policy, deep_first=True)
         self._insert = SWAInsert(self.allocator, index, self.counts, self.refresh, self.pool)
-        self._linker = SWALinker(self.allocator, self.window_pages, index, self.counts,
+        self._linker = SWALinker(self.allocator, self.window, index, self.counts,
                                  self.make_room)
+
+    @property
+    def window_pages(self) -> int:
+        """The window's pages (read by the linker's LOOKUP: the trailing pages it needs)."""
+        return self.window.pages
 
     @property
     def cached_tokens(self) -> int:
@@ -154,7 +154,7 @@ class SWAComponent(TreeComponent):
                 live_run = live
             low = live + ps
             if live_run > 0:  # a run from token 0 needs no full window
-                low = max(low, -(-(live_run + window) // ps) * ps)
+                low = max(low, window.first_boundary(live_run))
             high = min(node.seq_len, limit)
             if high >= low:
                 best = high
@@ -168,7 +168,7 @@ class SWAComponent(TreeComponent):
             result.swa_indices, result.swa_live_len = self._empty, 0
             return
         i = self.index
-        need = min(end, self.window_pages * self.page_size)
+        need = self.window.span(end)
         parts: list[torch.Tensor] = []
         live_len = 0
         for node in reversed(path.nodes):
@@ -204,7 +204,7 @@ class SWAComponent(TreeComponent):
 
     def lock(self, node: TreeNode) -> int:
         i = self.index
-        reach = node.seq_len - (len(node.key) >> 2) + self.page_size - self.window
+        reach = self.window.lock_reach(node.seq_len - (len(node.key) >> 2))
         top = node.seq_len
         while node.parent is not None and node.seq_len > reach:
             if node.lock_refs[i] == 0:
@@ -349,7 +349,7 @@ class SWAComponent(TreeComponent):
 
     def stats(self) -> dict[str, Any]:
         return {
-            "swa_window": self.window,
+            "swa_window": self.window.tokens,
             "swa_cached_tokens": self.cached_tokens,
             "swa_held_tokens": self.num_held,
             "swa_free_tokens": self.allocator.swa_available_size(),
@@ -358,21 +358,14 @@ class SWAComponent(TreeComponent):
 
     # ---------------------------------------------------------------- linker (swa_linker.py)
 
-    def build_external_linker_transfer(
-        self, phase: LinkerTransferPhase, node: TreeNode | None, keys: list[str]
-    ) -> PoolTransfer | None:
-        """See ``SWALinker.build_transfer``."""
-        return self._linker.build_transfer(phase, node, keys)
+    def _offload_transfer(self, node: TreeNode) -> PoolTransfer | None:
+        return self._linker.offload_transfer(node)
 
-    def update_external_linker_load(
-        self,
-        phase: ExternalLinkerLoadPhase,
-        req: Any,
-        full_transfer: PoolTransfer | None,
-        transfer: PoolTransfer | None,
-        prefix_len: int,
-        *,
-        insert_result: InsertResult | None = None,
-    ) -> PoolTransfer | None:
-        """See ``SWALinker.update_load``."""
-        return self._linker.update_load(phase, req, full_transfer, transfer, prefix_len)
+    def _reserve_load(self, keys: list[str]) -> PoolTransfer | None:
+        return self._linker.reserve(keys)
+
+    def _map_load(self, load: ComponentLoad, req: Any) -> None:
+        self._linker.map(load, req)
+
+    def abort_load(self, load: ComponentLoad) -> None:
+        self._linker.release(load)

@@ -2,8 +2,9 @@
 and map slots, lock the device prefix), ``abort`` (release them, in reverse order) and
 ``publish`` (insert the verified pages after exactly the locked prefix, then COMMIT).
 
-The contract hooks ``build_external_linker_transfer`` / ``update_external_linker_load`` are
-called only here. Owns no state; runs on the caller's thread. Must not touch stores or threads.
+Each component's part is its typed ``ComponentLoad`` (``prepare_load`` returns it,
+``commit_load`` / ``abort_load`` take it back; the DESIGN.md hooks are adapters over these).
+Owns no state; runs on the caller's thread. Must not touch stores or threads.
 """
 
 from __future__ import annotations
@@ -15,23 +16,11 @@ from typing import Any
 
 import torch
 
-from radixlink.contract import (
-    ExternalLinkerLoadPhase,
-    InsertParams,
-    InsertResult,
-    LinkerTransferPhase,
-    PoolName,
-    PoolTransfer,
-)
+from radixlink.components.base import ComponentLoad
+from radixlink.contract import InsertParams, InsertResult, PoolName, PoolTransfer
 from radixlink.linker.records import Lookup
 
 logger = logging.getLogger(__name__)
-
-_PREPARE, _COMMIT, _ABORT = (
-    ExternalLinkerLoadPhase.PREPARE,
-    ExternalLinkerLoadPhase.COMMIT,
-    ExternalLinkerLoadPhase.ABORT,
-)
 
 
 class ShortRestore(ValueError):
@@ -47,7 +36,7 @@ class Reservation:
     ::
 
         tokens     |------ device prefix (locked) ------|------- loaded tail -------|
-        slots      |  device_slots: the tree's own      |  transfers[0] (FULL)     |
+        slots      |  device_slots: the tree's own      |  loads[0] (FULL)         |
                    0                               prefix_len                  len(tokens)
 
     Attributes:
@@ -55,14 +44,15 @@ class Reservation:
         device_slots: the tree's full slots of ``[0, prefix_len)`` at PREPARE, protected by
             ``handle`` until publish or abort: publish inserts exactly these, never a new match.
         handle: the reservation's own lock on the device prefix (not any member's).
-        transfers: per component, its prepared transfer (None where it takes no part).
+        loads: per component, its ``ComponentLoad`` (None where it takes no part); emptied by
+            ABORT, or by a short publish (the insert took every reserved slot then).
         swa_evicted_seqlen: set by SWA's PREPARE: tokens below which the load holds no SWA.
     """
 
     lookup: Lookup
     device_slots: torch.Tensor
     handle: Any
-    transfers: list[PoolTransfer | None] = field(default_factory=list)
+    loads: list[ComponentLoad | None] = field(default_factory=list)
     swa_evicted_seqlen: int = 0
 
     @property
@@ -70,8 +60,14 @@ class Reservation:
         return self.lookup.prefix_len
 
     @property
+    def transfers(self) -> list[PoolTransfer | None]:
+        """Per component, the transfer its load lands in (None where it takes no part)."""
+        return [None if load is None else load.transfer for load in self.loads]
+
+    @property
     def full(self) -> PoolTransfer | None:
-        return self.transfers[0] if self.transfers else None
+        load = self.loads[0] if self.loads else None
+        return None if load is None else load.transfer
 
 
 def lock_device_prefix(cache: Any, lookup: Lookup) -> tuple[Any, torch.Tensor] | None:
@@ -107,40 +103,33 @@ def release(cache: Any, reservation: Reservation) -> None:
 
 
 def prepare(components: Sequence[Any], reservation: Reservation) -> bool:
-    """LOAD + PREPARE on every taking-part component (``reservation.transfers`` gets one entry
-    per component); on a refusal ABORT the prepared ones in reverse order and return False."""
-    keys, prefix = reservation.lookup.keys, reservation.prefix_len
-    full: PoolTransfer | None = None
+    """LOAD + PREPARE on every taking-part component, backbone first (``reservation.loads``
+    gets one entry per component); on a refusal ABORT the prepared ones in reverse order and
+    return False."""
+    keys = reservation.lookup.keys
     for component in components:
-        if not component.takes_part_in_loads:
-            reservation.transfers.append(None)
-            continue
-        transfer = component.build_external_linker_transfer(LinkerTransferPhase.LOAD, None, keys)
-        if transfer is not None:
-            full = transfer if full is None else full
-            transfer = component.update_external_linker_load(_PREPARE, reservation, full,
-                                                             transfer, prefix)
-        reservation.transfers.append(transfer)
-        if transfer is None:
+        load = component.prepare_load(keys, reservation) if component.takes_part_in_loads \
+            else None
+        if load is None and component.takes_part_in_loads:
             abort(components, reservation)
             return False
-    return full is not None
+        reservation.loads.append(load)
+    return reservation.full is not None
 
 
 def abort(components: Sequence[Any], reservation: Reservation) -> None:
-    """ABORT every prepared transfer, last component first; frees what PREPARE reserved."""
-    full = reservation.full
-    for component, transfer in reversed(list(zip(components, reservation.transfers))):
-        if transfer is not None:
-            component.update_external_linker_load(_ABORT, reservation, full, transfer,
-                                                  reservation.prefix_len)
-    reservation.transfers = []
+    """ABORT every prepared load, last component first; frees what PREPARE reserved."""
+    for component, load in reversed(list(zip(components, reservation.loads))):
+        if load is not None:
+            component.abort_load(load)
+    reservation.loads = []
 
 
 def publish(cache: Any, components: Sequence[Any], reservation: Reservation) -> InsertResult:
     """Insert the locked device prefix plus the verified loaded slots (tracking adoption, not
-    a hit, no linker callback), then COMMIT every component to what the tree adopted, and
-    check the tree now serves every loaded token (the restored length is the loaded length).
+    a hit, no linker callback: the lookup's page keys go with it), then COMMIT every
+    component, and check the tree now serves every loaded token (the restored length is the
+    loaded length).
 
     Raises:
         ShortRestore: the tree serves less than ``len(lookup.tokens)`` after the publish (the
@@ -166,13 +155,12 @@ def publish(cache: Any, components: Sequence[Any], reservation: Reservation) -> 
         namespace=lookup.namespace,
     )
     result: InsertResult = cache.insert_loaded(params)
-    for component, transfer in zip(components, reservation.transfers):
-        if transfer is not None:
-            component.update_external_linker_load(_COMMIT, reservation, full, transfer, prefix,
-                                                  insert_result=result)
+    for component, load in zip(components, reservation.loads):
+        if load is not None:
+            component.commit_load(load, result)
     served = cache.peek_prefix(lookup.tokens, namespace=lookup.namespace).prefix_len
     if served < len(lookup.tokens):
-        reservation.transfers = []  # NOTE: the insert adopted or freed every reserved slot
+        reservation.loads = []  # NOTE: the insert adopted or freed every reserved slot
         message = (f"restored {served} of {len(lookup.tokens)} tokens after publishing a load "
                    f"of {len(lookup.tokens) - prefix} (a component published less than it "
                    "loaded: a short SWA window or a missing state)")
