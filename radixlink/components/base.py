@@ -300,22 +300,3 @@ class TreeComponent:
             assert insert_result is not None, "COMMIT needs the insert's result"
             self.commit_load(load, insert_result)
         return transfer
-
-
-def evict_tombstoning(component: TreeComponent, evictable: Any, target: int,
-                      effects: Effects) -> int:
-    """Evict a non-backbone component's data, least recently used first, until
-    ``effects.num_freed[component.index] >= target``: a leaf goes whole (every component
-    releases it), an internal node becomes this component's tombstone and keeps its full KV.
-    Returns the units freed."""
-    i, tree = component.index, component.tree
-    before = effects.num_freed[i]
-    while effects.num_freed[i] < target:
-        node = evictable.pop()
-        if node is None:
-            break
-        if node.children:
-            tree.tombstone(node, i, effects)
-        else:
-            tree.remove_leaf(node, effects)
-    return int(effects.num_freed[i] - before)

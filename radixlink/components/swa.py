@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from radixlink.components.base import ComponentLoad, TreeComponent, evict_tombstoning
+from radixlink.components.base import ComponentLoad
+from radixlink.components.side import SideComponent
 from radixlink.components.swa_insert import Remap, SWACounts, SWAInsert
 from radixlink.components.swa_linker import SWALinker
 from radixlink.components.window import Window
@@ -26,13 +27,12 @@ from radixlink.contract import (
 )
 from radixlink.memory.pools import KVPool
 from radixlink.memory.swa_allocator import SWAAllocator
-from radixlink.tree.lru import EvictableSet
 from radixlink.tree.node import Effects, InsertContext, MatchPath, TreeNode
 
 _SWA = ComponentType.SWA
 
 
-class SWAComponent(TreeComponent):
+class SWAComponent(SideComponent):
     """Sliding-window K/V: a boundary ``p`` is matchable when ``[p - W, p)`` has live SWA data.
 
     A node's value is the SWA slots of its live *suffix* (None = tombstone), always equal to
@@ -69,19 +69,15 @@ class SWAComponent(TreeComponent):
         pool: KVPool | None = None,
     ) -> None:
         self.window = Window(window, allocator.page_size)  # NOTE: checks ``window`` first
-        super().__init__()
+        super().__init__(policy)
         self.allocator = allocator
         self.pool = pool
         self.page_size = allocator.page_size
-        self.policy = EvictionPolicy(policy)
-        self.evictable = EvictableSet(0, self.policy, deep_first=True)
         self.counts = SWACounts()
         self._empty = torch.empty(0, dtype=torch.int64, device=allocator.device)
 
     def bind(self, tree: Any, index: int) -> None:
         super().bind(tree, index)
-        assert index > 0, "SWAComponent cannot be the backbone"
-        self.evictable = EvictableSet(index, self.policy, deep_first=True)
         self._insert = SWAInsert(self.allocator, index, self.counts, self.refresh, self.pool)
         self._linker = SWALinker(self.allocator, self.window, index, self.counts,
                                  self.make_room)
@@ -112,28 +108,19 @@ class SWAComponent(TreeComponent):
         parent.lock_refs[i] = child.lock_refs[i]
         self.refresh(parent)
 
-    def refresh(self, node: TreeNode) -> None:
-        i = self.index
-        if node.values[i] is not None and node.lock_refs[i] == 0 and node.parent is not None:
-            self.evictable.add(node)
-        else:
-            self.evictable.discard(node)
+    def _units(self, value: torch.Tensor) -> int:
+        return int(value.shape[0])
 
-    def keeps_leaf(self, node: TreeNode) -> bool:
-        return node.values[self.index] is not None
+    def _freed(self, node: TreeNode, value: torch.Tensor) -> torch.Tensor:
+        full = node.values[0]
+        assert full is not None, f"{node}: SWA data without full data"
+        return full[full.shape[0] - value.shape[0] :]
 
-    def release(self, node: TreeNode, effects: Effects) -> None:
-        i = self.index
-        self.evictable.discard(node)
-        value = node.values[i]
-        if value is not None:
-            node.values[i] = None
-            num = value.shape[0]
-            full = node.values[0]
-            assert full is not None, f"{node}: SWA data without full data"
-            effects.freed[i].append(full[full.shape[0] - num :])
-            effects.num_freed[i] += num
-            self.counts.cached_tokens -= num
+    def _uncache(self, units: int) -> None:
+        self.counts.cached_tokens -= units
+
+    def _cached(self) -> int:
+        return self.counts.cached_tokens
 
     # ---------------------------------------------------------------- match
 
@@ -223,36 +210,16 @@ class SWAComponent(TreeComponent):
                 self.refresh(node)
             node = node.parent
 
-    def evict(self, target: int, effects: Effects) -> None:
-        """Least recently used first: a leaf goes whole, an internal node keeps its full KV."""
-        evict_tombstoning(self, self.evictable, target, effects)
-
     # ---------------------------------------------------------------- checks
 
-    def check_node(self, node: TreeNode) -> int:
-        i = self.index
-        value, refs = node.values[i], node.lock_refs[i]
-        assert refs >= 0, f"negative SWA lock count on {node}"
-        should = value is not None and refs == 0
-        assert (node in self.evictable) == should, (
-            f"{node}: in SWA evictable set = {node in self.evictable}, expected {should}"
-        )
-        if value is None:
-            return 0
-        assert node.values[0] is not None, f"{node}: SWA data without full data"
+    def _check_value(self, node: TreeNode, value: torch.Tensor) -> None:
         num = value.shape[0]
         assert 0 < num <= node.num_tokens and num % self.page_size == 0, (
             f"{node}: SWA suffix of {num} tokens on a {node.num_tokens}-token node"
         )
-        return int(num)
 
-    def check(self, cached: int, handles: list[Any]) -> None:
-        assert cached == self.cached_tokens, (
-            f"swa: tree holds {cached} tokens, counter says {self.cached_tokens}"
-        )
-        self.evictable.check()
-        i = self.index
-        expected: dict[int, int] = {}
+    def _lock_counts(self, handles: list[Any]) -> dict[int, int]:
+        i, expected = self.index, dict[int, int]()
         for handle in handles:
             if not handle.parts:
                 continue
@@ -260,11 +227,7 @@ class SWAComponent(TreeComponent):
             while node.parent is not None and node.seq_len > receipt:
                 expected[id(node)] = expected.get(id(node), 0) + 1
                 node = node.parent
-        for node in self.tree.iter_nodes():
-            want = expected.get(id(node), 0)
-            assert node.lock_refs[i] == want, (
-                f"{node}: SWA lock count {node.lock_refs[i]}, live handles say {want}"
-            )
+        return expected
 
     def check_accounting(self) -> None:
         """Per SWA pool free + cached + held == total, and every node's full slots map to
