@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from radixlink.checks import check_slots
-from radixlink.components.base import alloc_or_evict
+from radixlink.components.base import RoomFn, alloc_or_evict
 from radixlink.tree.node import TreeNode
 
 
@@ -24,11 +24,14 @@ class HybridSlots:
         tree: the cache's tree (a copy locks its source while it makes room).
         full, swa, mamba: the cache's components (``swa`` / ``mamba`` None when absent).
         device: where slot tensors live.
+        room: the facade's eviction path, ``EvictionPath.make_room(index, units)``.
     """
 
-    def __init__(self, tree: Any, full: Any, swa: Any, mamba: Any, device: torch.device):
+    def __init__(self, tree: Any, full: Any, swa: Any, mamba: Any, device: torch.device,
+                 room: RoomFn):
         self.tree, self.device = tree, device
         self._full, self._swa, self._mamba = full, swa, mamba
+        self._room = room
 
     def swa_slots(self, full_slots: torch.Tensor) -> torch.Tensor:
         """The SWA slot mapped to each full slot (0 where none is): where a request writes and
@@ -60,7 +63,7 @@ class HybridSlots:
             ValueError: this cache has no MAMBA component.
         """
         mamba = _need(self._mamba, "alloc_state")
-        return alloc_or_evict(mamba.alloc, lambda: mamba.make_room(1))
+        return alloc_or_evict(mamba.alloc, lambda: self._room(mamba.index, 1))
 
     def copy_state(self, node: TreeNode) -> int | None:
         """A fresh request-held state slot holding a copy of the state at ``node``'s end (the
@@ -80,7 +83,7 @@ class HybridSlots:
         def make_room() -> None:
             handle = self.tree.lock(node)  # NOTE: the lock keeps this state while others go
             try:
-                mamba.make_room(1)
+                self._room(mamba.index, 1)
             finally:
                 self.tree.unlock(handle)
 

@@ -33,8 +33,8 @@ T = TypeVar("T")
 
 def alloc_or_evict(alloc: Callable[[], T | None], make_room: Callable[[], None]) -> T | None:
     """The one "try, make room, retry" of every allocation that may evict: ``alloc()``; when
-    it gives None, ``make_room()`` (through the facade's eviction path: ``make_room`` of a
-    component) and ``alloc()`` once more. None when even eviction could not make room."""
+    it gives None, ``make_room()`` (through the facade's eviction path, ``EvictionPath``) and
+    ``alloc()`` once more. None when even eviction could not make room."""
     got = alloc()
     if got is None:
         make_room()
@@ -134,7 +134,7 @@ class TreeComponent:
         """Attach the facade's eviction path (called once, by the facade)."""
         self._room = room
 
-    def make_room(self, units: int) -> None:
+    def _make_room(self, units: int) -> None:
         """Ask the facade to evict until ``units`` more of this component's units are free
         (tokens, or states); it evicts, then applies the slot decisions, in one place."""
         if units > 0:

@@ -103,13 +103,6 @@ class FullComponent(TreeComponent):
             effects.num_freed[0] += num
             self.cached_tokens -= num
 
-    def drop(self, node: TreeNode, effects: Effects) -> None:
-        """Tombstone ``node``'s full data, and with it every other component's data there
-        (they all need the full KV); a leaf is removed instead. For hybrid eviction and
-        tests."""
-        assert node.lock_refs[0] == 0, f"drop of locked {node}"
-        self.tree.tombstone(node, 0, effects)
-
     # ---------------------------------------------------------------- requests
 
     def match_accept(self, nodes: list[TreeNode], limit: int) -> int:
@@ -326,7 +319,7 @@ class FullComponent(TreeComponent):
         """``len(keys)`` pages of fresh slots, evicting when short (None when even eviction
         cannot make room); they count as held until the publishing insert or ABORT."""
         num_tokens = len(keys) * self.page_size
-        slots = alloc_or_evict(lambda: self.alloc(num_tokens), lambda: self.make_room(
+        slots = alloc_or_evict(lambda: self.alloc(num_tokens), lambda: self._make_room(
             num_tokens - self.allocator.available_size()))
         if slots is None:
             return None

@@ -231,7 +231,7 @@ class MambaComponent(SideComponent):
         insert's ``mamba_value``) or ABORT frees it."""
         if not keys:
             return None
-        slot = alloc_or_evict(self.alloc, lambda: self.make_room(1))
+        slot = alloc_or_evict(self.alloc, lambda: self._make_room(1))
         if slot is None:
             return None
         return PoolTransfer(name=PoolName.MAMBA, keys=[keys[-1]],

@@ -80,7 +80,7 @@ class SWAComponent(SideComponent):
         super().bind(tree, index)
         self._insert = SWAInsert(self.allocator, index, self.counts, self.refresh, self.pool)
         self._linker = SWALinker(self.allocator, self.window, index, self.counts,
-                                 self.make_room)
+                                 self._make_room)
 
     @property
     def window_pages(self) -> int:
@@ -272,24 +272,15 @@ class SWAComponent(SideComponent):
             alloc.free_swa(freed[0] if len(freed) == 1 else torch.cat(freed))
 
     def alloc_mapped(self, num_tokens: int) -> torch.Tensor | None:
-        """Full slots (whole pages) each mapped to a fresh SWA page, or None when either pool
-        is short; the SWA pages count as held. Pass as ``FullComponent.alloc``'s source."""
+        """Facade (``alloc``): full slots (whole pages) each mapped to a fresh SWA page, or None
+        when either pool is short; the SWA pages count as held. ``FullComponent.alloc``'s
+        source."""
         slots = self.allocator.alloc(num_tokens)
         if slots is not None:
             self.counts.num_held += slots.shape[0]
         return slots
 
-    def map_fresh(self, full_slots: torch.Tensor) -> bool:
-        """Map fresh SWA pages to the caller's unmapped ``full_slots`` (held by the caller
-        from now on); False, changing nothing, when the SWA pool is short."""
-        swa = self.allocator.alloc_swa(full_slots.shape[0])
-        if swa is None:
-            return False
-        self.allocator.set_full_to_swa_mapping(full_slots, swa)
-        self.counts.num_held += swa.shape[0]
-        return True
-
-    def count_mapped(self, full_slots: torch.Tensor) -> int:
+    def _count_mapped(self, full_slots: torch.Tensor) -> int:
         """SWA slots mapped to the whole full pages ``full_slots``."""
         heads = self.allocator.translate_full_to_swa(full_slots[:: self.page_size])
         return int((heads != 0).sum()) * self.page_size
@@ -299,14 +290,14 @@ class SWAComponent(SideComponent):
     ) -> None:
         """Free the caller's ``full_slots`` with ``free`` (the full side, which frees the SWA
         pages mapped to them too) and stop counting those SWA pages as held."""
-        num = self.count_mapped(full_slots)
+        num = self._count_mapped(full_slots)
         free(full_slots)
         self.counts.num_held -= num
 
     def free_held(self, full_slots: torch.Tensor) -> None:
         """Free the SWA pages mapped to the caller's ``full_slots`` (whole pages; the caller
         checked that the tree does not own them). Unmapped pages are skipped."""
-        num = self.count_mapped(full_slots)
+        num = self._count_mapped(full_slots)
         self.allocator.free_swa(full_slots)
         self.counts.num_held -= num
 

@@ -2,9 +2,10 @@
 and OFFLOAD between a ``UnifiedCache`` and a ``Store`` (DESIGN.md section 5b).
 
 Owns the load/offload lifecycle and completion processing. Reaches the tree only through the
-cache's public facade (``peek_prefix``, ``insert_loaded``, ``lock``) and the components' linker
-hooks; store I/O runs on the worker's threads, everything that touches the tree runs on the
-caller's thread. Load bookkeeping lives in ``LoadTable``, offload policy in ``OffloadPolicy``.
+cache's public facade (``match_prefix(touch=False)``, ``insert_loaded``, ``lock``) and the
+components' linker hooks; store I/O runs on the worker's threads, everything that touches the
+tree runs on the caller's thread. Load bookkeeping lives in ``LoadTable``, offload policy in
+``OffloadPolicy``.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class ExternalCacheLinker:
 
     def store_keys(self, transfer: PoolTransfer, namespace: Any = None) -> list[str]:
         """Store keys of a transfer's pages: version / namespace / hash / pool [/ rank], in the
-        resolved ``namespace`` (``cache.resolve_namespace``)."""
+        resolved ``namespace`` (``hashing.layer_namespaces`` on the cache's)."""
         return self.keyspace.keys(transfer.name, namespace, transfer.keys)
 
     def page_hashes_for(self, key: bytes, namespace: Any) -> tuple[int, list[str]] | None:

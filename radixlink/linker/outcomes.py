@@ -21,7 +21,7 @@ def success_outcomes(cache: Any, transfer: Transfer) -> list[LoadOutcome]:
     """Per member of a published transfer: the restored prefix (read-only peek), a lock on it
     taken for the member, and the member's own lock on its device prefix released."""
     lookup = transfer.reservation.lookup
-    match = cache.peek_prefix(lookup.tokens, namespace=lookup.namespace)
+    match = cache.match_prefix(lookup.tokens, namespace=lookup.namespace, touch=False)
     loaded_len = max(0, match.prefix_len - lookup.prefix_len)
     out = []
     for member in transfer.members:

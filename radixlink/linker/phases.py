@@ -78,7 +78,8 @@ def lock_device_prefix(cache: Any, lookup: Lookup) -> tuple[Any, torch.Tensor] |
         handle = cache.lock(lookup.last_node)
     except ValueError:
         return None
-    now = cache.peek_prefix(lookup.tokens[: lookup.prefix_len], namespace=lookup.namespace)
+    now = cache.match_prefix(lookup.tokens[: lookup.prefix_len], namespace=lookup.namespace,
+                             touch=False)
     if now.prefix_len != lookup.prefix_len:
         cache.unlock(handle)
         return None
@@ -158,7 +159,8 @@ def publish(cache: Any, components: Sequence[Any], reservation: Reservation) -> 
     for component, load in zip(components, reservation.loads):
         if load is not None:
             component.commit_load(load, result)
-    served = cache.peek_prefix(lookup.tokens, namespace=lookup.namespace).prefix_len
+    served = cache.match_prefix(lookup.tokens, namespace=lookup.namespace,
+                                touch=False).prefix_len
     if served < len(lookup.tokens):
         reservation.loads = []  # NOTE: the insert adopted or freed every reserved slot
         message = (f"restored {served} of {len(lookup.tokens)} tokens after publishing a load "

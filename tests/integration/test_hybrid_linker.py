@@ -153,7 +153,7 @@ def test_no_room_for_the_window_or_state_refuses_the_load(kind: str, store: Memo
     offloaded("swa+mamba", store)
     cache_b = make_cache(kind, swa_tokens=8, num_states=1)
     linker_b = ExternalCacheLinker(cache_b, store)
-    held = cache_b.alloc(8) if kind == "swa" else cache_b.alloc_state()
+    held = cache_b.alloc(8) if kind == "swa" else cache_b.hybrid.alloc_state()
     assert held is not None
     assert cache_b.match_prefix(TOKENS, req_id="r").external_hit_len == 40
     assert not linker_b.load("r")
@@ -161,7 +161,7 @@ def test_no_room_for_the_window_or_state_refuses_the_load(kind: str, store: Memo
     if isinstance(held, torch.Tensor):
         cache_b.free(held)
     else:
-        cache_b.free_state(held)
+        cache_b.hybrid.free_state(held)
     assert_exact(cache_b)
 
 
