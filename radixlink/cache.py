@@ -232,20 +232,23 @@ class UnifiedCache:
             self._linker.on_insert(params, result)
         return result
 
-    def insert_loaded(self, params: InsertParams) -> InsertResult:
+    def insert_loaded(self, params: InsertParams, *,
+                      page_hashes: tuple[int, list[str]] | None = None) -> InsertResult:
         """``insert`` for pages a linker loaded: the same rules and checks, but it is not a
-        hit (no hit counts, no write-policy trigger) and the linker is not called back.
-        ``params.namespace`` is an already resolved (layered) one, as the linker's lookups
-        carry it.
+        hit (no hit counts, no write-policy trigger) and the linker is not called back, not
+        even for page hashes: ``page_hashes`` = ``(first page, hashes)`` are the chain hashes
+        the lookup computed (the rest are computed here). ``params.namespace`` is an already
+        resolved (layered) one, as the linker's lookups carry it.
 
         Raises:
             ValueError: as ``insert``.
         """
-        result = self._insert(params, hit=False, resolved=True)
+        result = self._insert(params, hit=False, resolved=True, page_hashes=page_hashes)
         self._counters["loaded_inserts"] += 1
         return result
 
-    def _insert(self, params: InsertParams, *, hit: bool, resolved: bool) -> InsertResult:
+    def _insert(self, params: InsertParams, *, hit: bool, resolved: bool,
+                page_hashes: tuple[int, list[str]] | None = None) -> InsertResult:
         key, aligned_len = check_insert(params, self.page_size, self.device,
                                         self._packer.pack_extension)
         if self.config.check_inserts:
@@ -254,8 +257,10 @@ class UnifiedCache:
         if params.namespace is not None:  # the tree keys roots by the layered namespace
             namespace = params.namespace if resolved else self._resolve_namespace(params.namespace)
             tree_params = dataclasses.replace(params, namespace=self._tree_namespace(namespace))
-        # NOTE: a linker hands back the hashes its lookup computed for these tokens.
-        known = None if self._hashes_for is None else self._hashes_for(key, namespace)
+        # NOTE: a publish brings its lookup's hashes; a served insert asks the linker for those
+        # a recent lookup computed for these tokens.
+        known = page_hashes if not hit or self._hashes_for is None else \
+            self._hashes_for(key, namespace)
         # NOTE: the linker's publish (the one non-hit insert) must name exactly the locked
         # prefix: the tree compares value[:prev_prefix_len] with its slots there, once a load.
         result, effects = self.tree.insert(key, params.value, tree_params, aligned_len, hit=hit,

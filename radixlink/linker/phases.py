@@ -155,7 +155,10 @@ def publish(cache: Any, components: Sequence[Any], reservation: Reservation) -> 
         track_adopted_ranges=True,
         namespace=lookup.namespace,
     )
-    result: InsertResult = cache.insert_loaded(params)
+    # NOTE: the lookup's page keys, chained from the device prefix: the insert never calls
+    # the linker back for them.
+    result: InsertResult = cache.insert_loaded(
+        params, page_hashes=(prefix // cache.page_size, lookup.keys))
     for component, load in zip(components, reservation.loads):
         if load is not None:
             component.commit_load(load, result)

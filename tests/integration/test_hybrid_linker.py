@@ -211,3 +211,34 @@ def test_a_window_published_one_page_short_is_a_counted_logged_load_failure(
     assert not cache_b.tree.live_handles()
     linker_b.flush()
     assert_exact(cache_b)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_publish_takes_the_lookups_page_hashes_and_never_calls_the_linker_back(
+    kind: str, store: MemoryStore
+) -> None:
+    """The publishing insert gets the hashes the lookup chained from the device prefix: it
+    never asks the linker (``page_hashes_for``), and the loaded nodes carry A's hashes."""
+    cache_a, _ = offloaded(kind, store)
+    cache_b = make_cache(kind)
+    linker_b = ExternalCacheLinker(cache_b, store)
+    serve(cache_b, TOKENS[:8])  # a device prefix of 2 pages: the hashes continue its chain
+    asked: list[bytes] = []
+    real = cache_b._hashes_for
+    cache_b._hashes_for = lambda key, ns: asked.append(key) or real(key, ns)
+    m, out = load(cache_b, linker_b, TOKENS)
+    assert (m.prefix_len, out.ok, out.prefix_len) == (8, True, 40)
+    assert asked == []
+    hashes_b = [h for n in _path(cache_b.match_prefix(TOKENS).last_node) for h in n.hash_value]
+    hashes_a = [h for n in _path(cache_a.match_prefix(TOKENS).last_node) for h in n.hash_value]
+    assert hashes_b == hashes_a and len(hashes_b) == 10
+    linker_b.flush()
+    assert_exact(cache_b)
+
+
+def _path(node):
+    out = []
+    while node.parent is not None:
+        out.append(node)
+        node = node.parent
+    return out[::-1]
