@@ -131,7 +131,9 @@ class UnifiedCache:
         if req_id is not None:
             check_req_id(req_id)
         key = self._packer.pack(tokens)
-        own = self._resolve_namespace(namespace)
+        base = self.config.namespace
+        own = base if namespace is None or namespace == base else \
+            self._resolve_namespace(namespace)
         if not touch:
             return self._match(key, own, touch=False)
         result = self._match(key, own, touch=True)
@@ -194,7 +196,7 @@ class UnifiedCache:
             if swa is not None:  # evicting full KV above may have freed SWA data already
                 room(swa.index, need - swa.allocator.swa_available_size())
 
-        return alloc_or_evict(lambda: full.alloc(num_tokens, source), make_room)
+        return alloc_or_evict(make_room, full.alloc, num_tokens, source)
 
     def free(self, slots: torch.Tensor) -> None:
         """Return whole pages of slots that the caller holds (with their SWA pages).

@@ -63,7 +63,7 @@ class HybridSlots:
             ValueError: this cache has no MAMBA component.
         """
         mamba = _need(self._mamba, "alloc_state")
-        return alloc_or_evict(mamba.alloc, lambda: self._room(mamba.index, 1))
+        return alloc_or_evict(lambda: self._room(mamba.index, 1), mamba.alloc)
 
     def copy_state(self, node: TreeNode) -> int | None:
         """A fresh request-held state slot holding a copy of the state at ``node``'s end (the
@@ -87,7 +87,7 @@ class HybridSlots:
             finally:
                 self.tree.unlock(handle)
 
-        return alloc_or_evict(lambda: mamba.copy_state(node), make_room)
+        return alloc_or_evict(make_room, mamba.copy_state, node)
 
     def free_state(self, slot: int) -> None:
         """Return a request-held state slot (``alloc_state``, ``copy_state``).

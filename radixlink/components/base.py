@@ -31,14 +31,15 @@ RoomFn = Callable[[int, int], None]
 T = TypeVar("T")
 
 
-def alloc_or_evict(alloc: Callable[[], T | None], make_room: Callable[[], None]) -> T | None:
-    """The one "try, make room, retry" of every allocation that may evict: ``alloc()``; when
-    it gives None, ``make_room()`` (through the facade's eviction path, ``EvictionPath``) and
-    ``alloc()`` once more. None when even eviction could not make room."""
-    got = alloc()
+def alloc_or_evict(make_room: Callable[[], None], alloc: Callable[..., T | None],
+                   *args: Any) -> T | None:
+    """The one "try, make room, retry" of every allocation that may evict: ``alloc(*args)``;
+    when it gives None, ``make_room()`` (through the facade's eviction path, ``EvictionPath``)
+    and ``alloc(*args)`` once more. None when even eviction could not make room."""
+    got = alloc(*args)
     if got is None:
         make_room()
-        got = alloc()
+        got = alloc(*args)
     return got
 
 
@@ -76,6 +77,7 @@ class ComponentLoad:
 
     @property
     def slots(self) -> torch.Tensor:
+        """The reserved device slots (``transfer.device_indices``)."""
         assert self.transfer.device_indices is not None, "a load transfer without slots"
         return self.transfer.device_indices
 
@@ -106,17 +108,14 @@ class TreeComponent:
     # Whether LOAD reserves device slots for this component (a LOAD transfer of None is then a
     # refusal: the load is a miss); False = it takes no part in loads.
     takes_part_in_loads: ClassVar[bool] = False
+    # TRAILING_PAGES components: how many trailing pages a restorable prefix needs (SWA: its
+    # ``Window.pages``; MAMBA: 1); 0 = all pages. Read by the linker's LOOKUP.
+    window_pages: int = 0
 
     def __init__(self) -> None:
         self.index = -1
         self._tree: TreeOps | None = None
         self._room: RoomFn | None = None
-
-    @property
-    def window_pages(self) -> int:
-        """TRAILING_PAGES components: how many trailing pages a restorable prefix needs (SWA:
-        its ``Window.pages``; MAMBA: 1); 0 = all pages. Read by the linker's LOOKUP."""
-        return 0
 
     @property
     def tree(self) -> TreeOps:

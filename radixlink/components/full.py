@@ -319,8 +319,8 @@ class FullComponent(TreeComponent):
         """``len(keys)`` pages of fresh slots, evicting when short (None when even eviction
         cannot make room); they count as held until the publishing insert or ABORT."""
         num_tokens = len(keys) * self.page_size
-        slots = alloc_or_evict(lambda: self.alloc(num_tokens), lambda: self._make_room(
-            num_tokens - self.allocator.available_size()))
+        slots = alloc_or_evict(lambda: self._make_room(
+            num_tokens - self.allocator.available_size()), self.alloc, num_tokens)
         if slots is None:
             return None
         return PoolTransfer(name=PoolName.KV, keys=list(keys), device_indices=slots)

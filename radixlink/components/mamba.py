@@ -48,6 +48,7 @@ class MambaComponent(SideComponent):
     component_type = _MAMBA
     pool_name = PoolName.MAMBA
     takes_part_in_loads = True
+    window_pages = 1  # the state at a boundary is one trailing page
     hit_policy = PoolHitPolicy.TRAILING_PAGES
 
     def __init__(
@@ -61,10 +62,6 @@ class MambaComponent(SideComponent):
         self._owned = [False] * (slots.total_size() + 1)
         self.cached_states = 0
         self.num_held = 0
-
-    @property
-    def window_pages(self) -> int:
-        return 1  # the state at a boundary is one trailing page
 
     # ---------------------------------------------------------------- structure
 
@@ -231,7 +228,7 @@ class MambaComponent(SideComponent):
         insert's ``mamba_value``) or ABORT frees it."""
         if not keys:
             return None
-        slot = alloc_or_evict(self.alloc, lambda: self._make_room(1))
+        slot = alloc_or_evict(lambda: self._make_room(1), self.alloc)
         if slot is None:
             return None
         return PoolTransfer(name=PoolName.MAMBA, keys=[keys[-1]],

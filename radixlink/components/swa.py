@@ -70,6 +70,7 @@ class SWAComponent(SideComponent):
     ) -> None:
         self.window = Window(window, allocator.page_size)  # NOTE: checks ``window`` first
         super().__init__(policy)
+        self.window_pages = self.window.pages  # the linker's LOOKUP reads it
         self.allocator = allocator
         self.pool = pool
         self.page_size = allocator.page_size
@@ -81,11 +82,6 @@ class SWAComponent(SideComponent):
         self._insert = SWAInsert(self.allocator, index, self.counts, self.refresh, self.pool)
         self._linker = SWALinker(self.allocator, self.window, index, self.counts,
                                  self._make_room)
-
-    @property
-    def window_pages(self) -> int:
-        """The window's pages (read by the linker's LOOKUP: the trailing pages it needs)."""
-        return self.window.pages
 
     @property
     def cached_tokens(self) -> int:

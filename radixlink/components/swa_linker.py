@@ -64,8 +64,8 @@ class SWALinker:
         if num == 0:
             return None
         alloc, num_tokens = self.allocator, num * self.page_size
-        slots = alloc_or_evict(lambda: alloc.alloc_swa(num_tokens), lambda: self.make_room(
-            num_tokens - alloc.swa_available_size()))
+        slots = alloc_or_evict(lambda: self.make_room(
+            num_tokens - alloc.swa_available_size()), alloc.alloc_swa, num_tokens)
         if slots is None:
             return None
         self.counts.num_held += slots.shape[0]

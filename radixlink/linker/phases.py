@@ -46,6 +46,8 @@ class Reservation:
         handle: the reservation's own lock on the device prefix (not any member's).
         loads: per component, its ``ComponentLoad`` (None where it takes no part); emptied by
             ABORT, or by a short publish (the insert took every reserved slot then).
+        transfers: per component, the transfer its load lands in (``loads``' transfers, None
+            where it takes no part): what the worker fills and the stored marks cover.
         swa_evicted_seqlen: set by SWA's PREPARE: tokens below which the load holds no SWA.
     """
 
@@ -53,6 +55,7 @@ class Reservation:
     device_slots: torch.Tensor
     handle: Any
     loads: list[ComponentLoad | None] = field(default_factory=list)
+    transfers: list[PoolTransfer | None] = field(default_factory=list)
     swa_evicted_seqlen: int = 0
 
     @property
@@ -60,14 +63,8 @@ class Reservation:
         return self.lookup.prefix_len
 
     @property
-    def transfers(self) -> list[PoolTransfer | None]:
-        """Per component, the transfer its load lands in (None where it takes no part)."""
-        return [None if load is None else load.transfer for load in self.loads]
-
-    @property
     def full(self) -> PoolTransfer | None:
-        load = self.loads[0] if self.loads else None
-        return None if load is None else load.transfer
+        return self.transfers[0] if self.transfers else None
 
 
 def lock_device_prefix(cache: Any, lookup: Lookup) -> tuple[Any, torch.Tensor] | None:
@@ -109,12 +106,14 @@ def prepare(components: Sequence[Any], reservation: Reservation) -> bool:
     return False."""
     keys = reservation.lookup.keys
     for component in components:
-        load = component.prepare_load(keys, reservation) if component.takes_part_in_loads \
-            else None
-        if load is None and component.takes_part_in_loads:
-            abort(components, reservation)
-            return False
+        load = None
+        if component.takes_part_in_loads:
+            load = component.prepare_load(keys, reservation)
+            if load is None:
+                abort(components, reservation)
+                return False
         reservation.loads.append(load)
+        reservation.transfers.append(None if load is None else load.transfer)
     return reservation.full is not None
 
 
@@ -123,7 +122,7 @@ def abort(components: Sequence[Any], reservation: Reservation) -> None:
     for component, load in reversed(list(zip(components, reservation.loads))):
         if load is not None:
             component.abort_load(load)
-    reservation.loads = []
+    reservation.loads, reservation.transfers = [], []
 
 
 def publish(cache: Any, components: Sequence[Any], reservation: Reservation) -> InsertResult:
@@ -165,7 +164,7 @@ def publish(cache: Any, components: Sequence[Any], reservation: Reservation) -> 
     served = cache.match_prefix(lookup.tokens, namespace=lookup.namespace,
                                 touch=False).prefix_len
     if served < len(lookup.tokens):
-        reservation.loads = []  # NOTE: the insert adopted or freed every reserved slot
+        reservation.loads, reservation.transfers = [], []  # NOTE: the insert took every slot
         message = (f"restored {served} of {len(lookup.tokens)} tokens after publishing a load "
                    f"of {len(lookup.tokens) - prefix} (a component published less than it "
                    "loaded: a short SWA window or a missing state)")
