@@ -3,7 +3,8 @@ page mapped to each of its full pages, and Mamba state slots (fresh, or a copy o
 state: the explicit copy-on-write step after a match).
 
 Owns these request-side calls only; the SWA and MAMBA components own the pools and their
-eviction. ``UnifiedCache`` exposes each call under the same name (docs/tree.md, "Hybrid").
+eviction. Callers reach it as ``cache.hybrid`` (docs/tree.md, "Hybrid"); its allocations make
+room through the facade's eviction path.
 """
 
 from __future__ import annotations
