@@ -22,6 +22,7 @@ from hybrid_kit import (
     window_and_state,
 )
 
+from radixlink.components.window import Window
 from radixlink.contract import PoolName, PoolTransfer
 from radixlink.linker.core import ExternalCacheLinker
 from radixlink.stores.faults import FaultyStore
@@ -179,15 +180,17 @@ def test_swa_offload_exports_only_the_trailing_window_pages(store: MemoryStore) 
     assert all(store.exists(full))
 
 
+@pytest.mark.parametrize("mutation", ["insert", "reserve"])
 @pytest.mark.parametrize("kind", ["swa", "swa+mamba"])
 def test_a_window_published_one_page_short_is_a_counted_logged_load_failure(
-    kind: str, store: MemoryStore, monkeypatch: pytest.MonkeyPatch,
+    kind: str, mutation: str, store: MemoryStore, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A publish that restores the SWA window one page short (the mutation: the insert is told
-    the load holds no SWA for its first window page) serves less than was loaded: the load
-    fails loudly (ok=False with a reason, counted, logged), never ok=True with a shorter
-    prefix; nothing stays held or locked, every pool's accounting is exact."""
+    """A publish that restores the SWA window one page short serves less than was loaded: the
+    load fails loudly (ok=False with a reason, counted, logged), never ok=True with a shorter
+    prefix; nothing stays held or locked, every pool's accounting is exact. Two mutations:
+    the insert is told the load holds no SWA for its first window page ("insert"), or SWA's
+    LOAD reserves and maps one window page fewer ("reserve")."""
     _, _ = offloaded(kind, store)
     cache_b = make_cache(kind)
     linker_b = ExternalCacheLinker(cache_b, store)
@@ -197,7 +200,10 @@ def test_a_window_published_one_page_short_is_a_counted_logged_load_failure(
         return real(dataclasses.replace(params, swa_evicted_seqlen=params.swa_evicted_seqlen + PS),
                     **kw)
 
-    monkeypatch.setattr(cache_b, "insert_loaded", one_page_short)
+    if mutation == "insert":
+        monkeypatch.setattr(cache_b, "insert_loaded", one_page_short)
+    else:  # NOTE: after A's offload, so only B's LOAD sees the short window
+        monkeypatch.setattr(Window, "trailing", lambda self, n: max(0, min(self.pages, n) - 1))
     before = linker_b.stats()
     with caplog.at_level(logging.WARNING, logger="radixlink"):
         m, out = load(cache_b, linker_b, TOKENS)
