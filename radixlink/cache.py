@@ -21,7 +21,7 @@ from radixlink.checks import (
     check_slots,
 )
 from radixlink.components.assembly import build_components, build_memory
-from radixlink.components.base import TreeComponent
+from radixlink.components.base import TreeComponent, alloc_or_evict
 from radixlink.config import CacheConfig
 from radixlink.contract import (
     EvictParams,
@@ -59,9 +59,9 @@ class UnifiedCache:
     tree adopts new pages and frees duplicates itself) or ``free`` returns them. Slots in a
     ``MatchResult`` are the tree's: read them, never free them.
 
-    Hybrid caches (``sliding_window`` / ``mamba_num_states``) keep these methods and add
-    ``swa_slots``, ``free_swa``, ``alloc_state``, ``copy_state``, ``free_state`` (``HybridSlots``,
-    docs/tree.md, "Hybrid").
+    Hybrid caches (``sliding_window`` / ``mamba_num_states``) keep these methods; what a request
+    holds beyond full pages goes through ``cache.hybrid`` (``HybridSlots``: ``swa_slots``,
+    ``free_swa``, ``alloc_state``, ``copy_state``, ``free_state``; docs/tree.md, "Hybrid").
 
     Args:
         config: sizes, device, layouts and modes.
@@ -81,7 +81,8 @@ class UnifiedCache:
         self.tree = RadixTree(self._components, config.page_size, namespace=config.namespace,
                               hashing=config.hashing_enabled, hash_algo=config.hash_algo)
         self._eviction = EvictionPath(self.tree, self._components)
-        self.hybrid = HybridSlots(self.tree, parts.full, parts.swa, parts.mamba, self.device)
+        self.hybrid = HybridSlots(self.tree, parts.full, parts.swa, parts.mamba, self.device,
+                                  self._eviction.make_room)
         self._linker: Any = None
         self._hashes_for: Any = None  # the linker's page_hashes_for(key, namespace), if any
         self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
@@ -102,7 +103,7 @@ class UnifiedCache:
     # ---------------------------------------------------------------- requests
 
     def match_prefix(
-        self, tokens: Any, req_id: Any = None, *, namespace: Any = None
+        self, tokens: Any, req_id: Any = None, *, namespace: Any = None, touch: bool = True
     ) -> MatchResult:
         """The longest cached whole-page prefix of ``tokens`` that every component can serve.
 
@@ -111,14 +112,17 @@ class UnifiedCache:
         Lock ``last_node`` before the next ``alloc``/``evict`` if you will use
         ``device_indices`` (or ``swa_indices``). On a MAMBA cache ``mamba_slot`` is the tree's
         state at the boundary (read it, never write it); take your own copy with
-        ``copy_state(last_node)`` after locking.
+        ``hybrid.copy_state(last_node)`` after locking.
 
         Args:
             tokens: token ids (list, numpy array or tensor of ints in ``[0, 2**32)``).
             req_id: the request's id; with a linker attached it also looks the uncached tail
                 up in the store (``external_hit_len``).
             namespace: the request's ``Namespace`` (cache_salt, extra_key), layered on the
-                cache's own (model, layout); None = the cache's own.
+                cache's own (model, layout); None = the cache's own. Layering is idempotent,
+                so an already layered namespace (a linker's lookup) may be passed again.
+            touch: False = a peek that changes nothing at all: no recency, no counters, no
+                store lookup (the linker's own queries, inspection).
 
         Raises:
             ValueError: malformed ``tokens``, an unhashable ``req_id``, or a namespace that
@@ -127,7 +131,11 @@ class UnifiedCache:
         if req_id is not None:
             check_req_id(req_id)
         key = self._packer.pack(tokens)
-        own = self.resolve_namespace(namespace)
+        base = self.config.namespace
+        own = base if namespace is None or namespace == base else \
+            self._resolve_namespace(namespace)
+        if not touch:
+            return self._match(key, own, touch=False)
         result = self._match(key, own, touch=True)
         counters = self._counters
         counters["match_calls"] += 1
@@ -137,12 +145,6 @@ class UnifiedCache:
             self._linker.lookup(result, key, req_id, own)
         return result
 
-    def peek_prefix(self, tokens: Any, *, namespace: Any = None) -> MatchResult:
-        """``match_prefix`` that changes nothing at all: no recency, no counters, no store
-        lookup. For the linker's own queries and for inspection. ``namespace`` is an
-        already-resolved one (``resolve_namespace``) or None for the cache's own."""
-        return self._match(self._packer.pack(tokens), namespace, touch=False)
-
     def _match(self, key: bytes, namespace: Any, *, touch: bool) -> MatchResult:
         path = self.tree.match(key, self._tree_namespace(namespace), touch=touch)
         result = MatchResult(device_indices=self._empty, prefix_len=path.prefix_len,
@@ -151,7 +153,7 @@ class UnifiedCache:
             component.fill_match(result, path)
         return result
 
-    def resolve_namespace(self, namespace: Any) -> Any:
+    def _resolve_namespace(self, namespace: Any) -> Any:
         """The namespace a request with ``namespace`` lives in: the cache's own, with the
         request's cache_salt / extra_key layered on top (never replacing the model)."""
         return layer_namespaces(self.config.namespace, namespace)
@@ -180,21 +182,21 @@ class UnifiedCache:
     def alloc(self, num_tokens: int) -> torch.Tensor | None:
         """Slots for ``num_tokens`` rounded up to whole pages, evicting cached data when short;
         None when even eviction cannot make room (locked data stays). On an SWA cache every
-        returned full page has a fresh SWA page mapped (``swa_slots`` translates).
+        returned full page has a fresh SWA page mapped (``hybrid.swa_slots`` translates).
 
         Raises:
             ValueError: ``num_tokens`` is not a non-negative int.
         """
-        full, swa = self._full, self._swa
+        full, swa, room = self._full, self._swa, self._eviction.make_room
         source = None if swa is None else swa.alloc_mapped
-        slots = full.alloc(num_tokens, source)
-        if slots is None:
+
+        def make_room() -> None:
             need = -(-num_tokens // self.page_size) * self.page_size
-            full.make_room(need - full.allocator.available_size())
+            room(full.index, need - full.allocator.available_size())
             if swa is not None:  # evicting full KV above may have freed SWA data already
-                swa.make_room(need - swa.allocator.swa_available_size())
-            slots = full.alloc(num_tokens, source)
-        return slots
+                room(swa.index, need - swa.allocator.swa_available_size())
+
+        return alloc_or_evict(make_room, full.alloc, num_tokens, source)
 
     def free(self, slots: torch.Tensor) -> None:
         """Return whole pages of slots that the caller holds (with their SWA pages).
@@ -232,30 +234,35 @@ class UnifiedCache:
             self._linker.on_insert(params, result)
         return result
 
-    def insert_loaded(self, params: InsertParams) -> InsertResult:
+    def insert_loaded(self, params: InsertParams, *,
+                      page_hashes: tuple[int, list[str]] | None = None) -> InsertResult:
         """``insert`` for pages a linker loaded: the same rules and checks, but it is not a
-        hit (no hit counts, no write-policy trigger) and the linker is not called back.
-        ``params.namespace`` is an already resolved one (``resolve_namespace``), as the
-        linker's lookups carry it.
+        hit (no hit counts, no write-policy trigger) and the linker is not called back, not
+        even for page hashes: ``page_hashes`` = ``(first page, hashes)`` are the chain hashes
+        the lookup computed (the rest are computed here). ``params.namespace`` is an already
+        resolved (layered) one, as the linker's lookups carry it.
 
         Raises:
             ValueError: as ``insert``.
         """
-        result = self._insert(params, hit=False, resolved=True)
+        result = self._insert(params, hit=False, resolved=True, page_hashes=page_hashes)
         self._counters["loaded_inserts"] += 1
         return result
 
-    def _insert(self, params: InsertParams, *, hit: bool, resolved: bool) -> InsertResult:
+    def _insert(self, params: InsertParams, *, hit: bool, resolved: bool,
+                page_hashes: tuple[int, list[str]] | None = None) -> InsertResult:
         key, aligned_len = check_insert(params, self.page_size, self.device,
                                         self._packer.pack_extension)
         if self.config.check_inserts:
             check_insert_slots(params, aligned_len, self._full, self._mamba)
         tree_params, namespace = params, self.config.namespace
         if params.namespace is not None:  # the tree keys roots by the layered namespace
-            namespace = params.namespace if resolved else self.resolve_namespace(params.namespace)
+            namespace = params.namespace if resolved else self._resolve_namespace(params.namespace)
             tree_params = dataclasses.replace(params, namespace=self._tree_namespace(namespace))
-        # NOTE: a linker hands back the hashes its lookup computed for these tokens.
-        known = None if self._hashes_for is None else self._hashes_for(key, namespace)
+        # NOTE: a publish brings its lookup's hashes; a served insert asks the linker for those
+        # a recent lookup computed for these tokens.
+        known = page_hashes if not hit or self._hashes_for is None else \
+            self._hashes_for(key, namespace)
         # NOTE: the linker's publish (the one non-hit insert) must name exactly the locked
         # prefix: the tree compares value[:prev_prefix_len] with its slots there, once a load.
         result, effects = self.tree.insert(key, params.value, tree_params, aligned_len, hit=hit,
@@ -278,28 +285,6 @@ class UnifiedCache:
         if check_count("num_tokens", num_tokens) == 0:
             return 0
         return self._eviction.evict(self._eviction.targets(full=num_tokens)).num_freed[0]
-
-    # ---------------------------------------------------------------- hybrid requests
-
-    def swa_slots(self, full_slots: torch.Tensor) -> torch.Tensor:
-        """The SWA slot mapped to each full slot (``HybridSlots.swa_slots``)."""
-        return self.hybrid.swa_slots(full_slots)
-
-    def free_swa(self, full_slots: torch.Tensor) -> None:
-        """Free the SWA pages mapped to the caller's full pages (``HybridSlots.free_swa``)."""
-        self.hybrid.free_swa(full_slots)
-
-    def alloc_state(self) -> int | None:
-        """A fresh request-held Mamba state slot (``HybridSlots.alloc_state``)."""
-        return self.hybrid.alloc_state()
-
-    def copy_state(self, node: TreeNode) -> int | None:
-        """A request-held copy of the state at ``node``'s end (``HybridSlots.copy_state``)."""
-        return self.hybrid.copy_state(node)
-
-    def free_state(self, slot: int) -> None:
-        """Return a request-held state slot (``HybridSlots.free_state``)."""
-        self.hybrid.free_state(slot)
 
     # ---------------------------------------------------------------- inspection
 

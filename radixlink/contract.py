@@ -180,7 +180,7 @@ class MatchResult:
         swa_live_len: how far back (tokens) live SWA data reaches before ``prefix_len``.
         mamba_slot: the tree's state slot at the boundary (MAMBA trees, non-empty match),
             else None. The tree owns it: read it, never write or free it; a request takes its
-            own copy with ``UnifiedCache.copy_state(last_node)`` (copy-on-write, explicit).
+            own copy with ``UnifiedCache.hybrid.copy_state(last_node)`` (copy-on-write, explicit).
         external_hit_len: tokens restorable from the store beyond ``prefix_len`` (with a
             linker attached and a ``req_id``), agreed across ranks.
     """

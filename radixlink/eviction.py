@@ -2,7 +2,7 @@
 then every component applies the slot decisions, dependents first — and what left, per pool.
 
 Owns eviction targets and counters. Used by the ``UnifiedCache`` facade and, through
-``TreeComponent.make_room``, by components that must make room (a linker LOAD reserving slots).
+``TreeComponent._make_room``, by components that must make room (a linker LOAD reserving slots).
 """
 
 from __future__ import annotations
@@ -80,7 +80,10 @@ class EvictionPath:
         return effects
 
     def make_room(self, index: int, units: int) -> None:
-        """``TreeComponent.make_room``: free ``units`` of component ``index``."""
+        """Free ``units`` of component ``index`` (nothing when ``units <= 0``): the facade's
+        ``alloc`` and hybrid calls, and ``TreeComponent._make_room``."""
+        if units <= 0:
+            return
         targets = [0] * len(self._components)
         targets[index] = units
         self.evict(targets)

@@ -3,7 +3,8 @@ page mapped to each of its full pages, and Mamba state slots (fresh, or a copy o
 state: the explicit copy-on-write step after a match).
 
 Owns these request-side calls only; the SWA and MAMBA components own the pools and their
-eviction. ``UnifiedCache`` exposes each call under the same name (docs/tree.md, "Hybrid").
+eviction. Callers reach it as ``cache.hybrid`` (docs/tree.md, "Hybrid"); its allocations make
+room through the facade's eviction path.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 
 from radixlink.checks import check_slots
+from radixlink.components.base import RoomFn, alloc_or_evict
 from radixlink.tree.node import TreeNode
 
 
@@ -23,11 +25,14 @@ class HybridSlots:
         tree: the cache's tree (a copy locks its source while it makes room).
         full, swa, mamba: the cache's components (``swa`` / ``mamba`` None when absent).
         device: where slot tensors live.
+        room: the facade's eviction path, ``EvictionPath.make_room(index, units)``.
     """
 
-    def __init__(self, tree: Any, full: Any, swa: Any, mamba: Any, device: torch.device):
+    def __init__(self, tree: Any, full: Any, swa: Any, mamba: Any, device: torch.device,
+                 room: RoomFn):
         self.tree, self.device = tree, device
         self._full, self._swa, self._mamba = full, swa, mamba
+        self._room = room
 
     def swa_slots(self, full_slots: torch.Tensor) -> torch.Tensor:
         """The SWA slot mapped to each full slot (0 where none is): where a request writes and
@@ -59,11 +64,7 @@ class HybridSlots:
             ValueError: this cache has no MAMBA component.
         """
         mamba = _need(self._mamba, "alloc_state")
-        slot = mamba.alloc()
-        if slot is None:
-            mamba.make_room(1)
-            slot = mamba.alloc()
-        return slot
+        return alloc_or_evict(lambda: self._room(mamba.index, 1), mamba.alloc)
 
     def copy_state(self, node: TreeNode) -> int | None:
         """A fresh request-held state slot holding a copy of the state at ``node``'s end (the
@@ -79,15 +80,15 @@ class HybridSlots:
         if not isinstance(node, TreeNode) or node.seq_len < 0 or node.values[mamba.index] is None:
             raise ValueError(f"copy_state of {node!r}: it holds no state (evicted since the "
                              "match?); lock the match's last_node before copying")
-        slot = mamba.copy_state(node)
-        if slot is None:
+
+        def make_room() -> None:
             handle = self.tree.lock(node)  # NOTE: the lock keeps this state while others go
             try:
-                mamba.make_room(1)
+                self._room(mamba.index, 1)
             finally:
                 self.tree.unlock(handle)
-            slot = mamba.copy_state(node)
-        return slot
+
+        return alloc_or_evict(make_room, mamba.copy_state, node)
 
     def free_state(self, slot: int) -> None:
         """Return a request-held state slot (``alloc_state``, ``copy_state``).

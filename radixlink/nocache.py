@@ -24,7 +24,8 @@ class NoPrefixCache:
     no-op receipt (unlocking twice still raises), ``insert`` frees ``value`` beyond
     ``prev_prefix_len`` (which must be 0: there is nothing to have matched) and its
     ``mamba_value``, and ``evict`` frees nothing. Hybrid configs get the same SWA and state
-    calls as ``UnifiedCache`` (``swa_slots``, ``free_swa``, ``alloc_state``, ``free_state``).
+    calls as ``UnifiedCache.hybrid`` on ``hybrid`` (``swa_slots``, ``free_swa``,
+    ``alloc_state``, ``copy_state``, ``free_state``).
 
     Args:
         config: as for ``UnifiedCache``; hashing and eviction options are ignored.
@@ -39,8 +40,7 @@ class NoPrefixCache:
         memory = build_memory(config, self.device)
         self._allocator = memory.full
         self._hybrid, self._states, self._pools = memory.hybrid, memory.states, memory.pools
-        self._num_swa_held = 0
-        self._num_states_held = 0
+        self.hybrid = NoCacheHybrid(memory.hybrid, memory.states, self.page_size, self.device)
         self._root = TreeNode(0, b"", None, 1)
         self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
         self._num_held = 0
@@ -49,12 +49,14 @@ class NoPrefixCache:
         self._counters = {"match_calls": 0, "match_tokens": 0, "insert_calls": 0}
 
     def match_prefix(
-        self, tokens: Any, req_id: Any = None, *, namespace: Any = None
+        self, tokens: Any, req_id: Any = None, *, namespace: Any = None, touch: bool = True
     ) -> MatchResult:
-        """Always an empty match (``tokens`` is still validated)."""
+        """Always an empty match (``tokens`` is still validated; ``touch=False`` counts
+        nothing)."""
         num = len(token_bytes(tokens)) >> 2
-        self._counters["match_calls"] += 1
-        self._counters["match_tokens"] += num
+        if touch:
+            self._counters["match_calls"] += 1
+            self._counters["match_tokens"] += num
         return MatchResult(device_indices=self._empty, prefix_len=0, last_node=self._root)
 
     def lock(self, node: TreeNode) -> LockHandle:
@@ -85,7 +87,7 @@ class NoPrefixCache:
         slots = self._allocator.alloc(num_tokens) if hybrid is None else hybrid.alloc(num_tokens)
         if slots is not None:
             self._num_held += len(slots)
-            self._num_swa_held += 0 if hybrid is None else len(slots)
+            self.hybrid.num_swa_held += 0 if hybrid is None else len(slots)
         return slots
 
     def free(self, slots: torch.Tensor) -> None:
@@ -94,58 +96,10 @@ class NoPrefixCache:
         if self._hybrid is None:
             self._allocator.free(slots)
         else:
-            mapped = self._swa_mapped(slots)
+            mapped = self.hybrid.swa_mapped(slots)
             self._hybrid.free(slots)
-            self._num_swa_held -= mapped
+            self.hybrid.num_swa_held -= mapped
         self._num_held -= len(slots)
-
-    def swa_slots(self, full_slots: torch.Tensor) -> torch.Tensor:
-        """The SWA slot mapped to each full slot (0 where none is)."""
-        return self._need_swa("swa_slots").translate_full_to_swa(full_slots)
-
-    def free_swa(self, full_slots: torch.Tensor) -> None:
-        """Free the SWA pages mapped to held ``full_slots`` (whole pages)."""
-        hybrid = self._need_swa("free_swa")
-        check_slots("full_slots", full_slots, self.device)
-        mapped = self._swa_mapped(full_slots)
-        hybrid.free_swa(full_slots)
-        self._num_swa_held -= mapped
-
-    def alloc_state(self) -> int | None:
-        """A fresh state slot, or None when all are held."""
-        slot = self._need_states("alloc_state").alloc()
-        self._num_states_held += slot is not None
-        return slot
-
-    def copy_state(self, node: TreeNode) -> int | None:
-        """Never possible: nothing is cached, so no match ends at a state.
-
-        Raises:
-            ValueError: always (after checking the cache has a MAMBA pool).
-        """
-        self._need_states("copy_state")
-        raise ValueError(f"copy_state of {node!r}: a NoPrefixCache caches no state (its "
-                         "matches are always empty); use alloc_state")
-
-    def free_state(self, slot: int) -> None:
-        """Return a state slot (ValueError on a double free)."""
-        self._need_states("free_state").free(slot)
-        self._num_states_held -= 1
-
-    def _swa_mapped(self, full_slots: torch.Tensor) -> int:
-        assert self._hybrid is not None
-        ps = self.page_size
-        return int((self._hybrid.translate_full_to_swa(full_slots[::ps]) != 0).sum()) * ps
-
-    def _need_swa(self, what: str) -> Any:
-        if self._hybrid is None:
-            raise ValueError(f"{what}: this cache has no SWA component (set sliding_window)")
-        return self._hybrid
-
-    def _need_states(self, what: str) -> Any:
-        if self._states is None:
-            raise ValueError(f"{what}: this cache has no MAMBA component (set mamba_num_states)")
-        return self._states
 
     def insert(self, params: InsertParams) -> InsertResult:
         """Free the caller's whole pages of ``value``; cache nothing.
@@ -167,7 +121,7 @@ class NoPrefixCache:
         if aligned_len:
             self.free(params.value[:aligned_len])
         if state is not None:
-            self.free_state(state)
+            self.hybrid.free_state(state)
         self._counters["insert_calls"] += 1
         return InsertResult(prefix_len=0, last_node=self._root)
 
@@ -200,19 +154,19 @@ class NoPrefixCache:
         }
         if self._hybrid is not None:
             out["swa_free_tokens"] = self._hybrid.swa_available_size()
-            out["swa_held_tokens"] = self._num_swa_held
+            out["swa_held_tokens"] = self.hybrid.num_swa_held
         if self._states is not None:
             out["mamba_free_states"] = self._states.available_size()
-            out["mamba_held_states"] = self._num_states_held
+            out["mamba_held_states"] = self.hybrid.num_states_held
         return out
 
     def check_invariants(self) -> None:
         """Assert free + held == total, per pool."""
         pools: list[tuple[Any, int, str]] = [(self._allocator, self._num_held, "kv")]
         if self._hybrid is not None:
-            pools.append((self._hybrid.swa, self._num_swa_held, "swa"))
+            pools.append((self._hybrid.swa, self.hybrid.num_swa_held, "swa"))
         if self._states is not None:
-            pools.append((self._states, self._num_states_held, "mamba"))
+            pools.append((self._states, self.hybrid.num_states_held, "mamba"))
         for alloc, held, name in pools:
             total, free = alloc.total_size(), alloc.available_size()
             assert free + held == total, (
@@ -226,3 +180,70 @@ class NoPrefixCache:
     def detach_linker(self, linker: Any) -> None:
         """Always raises: no linker can be attached."""
         raise ValueError(f"{linker!r} is not attached: a NoPrefixCache takes no linker")
+
+
+class NoCacheHybrid:
+    """``UnifiedCache.hybrid``'s calls on a cache that caches nothing: request-held SWA pages
+    and state slots, counted so ``check_invariants`` can balance every pool.
+
+    Args:
+        hybrid: the SWA allocator (None without a window).
+        states: the state slots (None without MAMBA).
+        page_size: tokens per page.
+        device: where slot tensors live.
+    """
+
+    def __init__(self, hybrid: Any, states: Any, page_size: int, device: torch.device):
+        self._hybrid, self._states = hybrid, states
+        self.page_size, self.device = page_size, device
+        self.num_swa_held = 0
+        self.num_states_held = 0
+
+    def swa_slots(self, full_slots: torch.Tensor) -> torch.Tensor:
+        """The SWA slot mapped to each full slot (0 where none is)."""
+        return self._swa("swa_slots").translate_full_to_swa(full_slots)
+
+    def free_swa(self, full_slots: torch.Tensor) -> None:
+        """Free the SWA pages mapped to held ``full_slots`` (whole pages)."""
+        hybrid = self._swa("free_swa")
+        check_slots("full_slots", full_slots, self.device)
+        mapped = self.swa_mapped(full_slots)
+        hybrid.free_swa(full_slots)
+        self.num_swa_held -= mapped
+
+    def alloc_state(self) -> int | None:
+        """A fresh state slot, or None when all are held."""
+        slot = self._states_of("alloc_state").alloc()
+        self.num_states_held += slot is not None
+        return slot
+
+    def copy_state(self, node: TreeNode) -> int | None:
+        """Never possible: nothing is cached, so no match ends at a state.
+
+        Raises:
+            ValueError: always (after checking the cache has a MAMBA pool).
+        """
+        self._states_of("copy_state")
+        raise ValueError(f"copy_state of {node!r}: a NoPrefixCache caches no state (its "
+                         "matches are always empty); use alloc_state")
+
+    def free_state(self, slot: int) -> None:
+        """Return a state slot (ValueError on a double free)."""
+        self._states_of("free_state").free(slot)
+        self.num_states_held -= 1
+
+    def swa_mapped(self, full_slots: torch.Tensor) -> int:
+        """SWA tokens mapped to the whole full pages ``full_slots``."""
+        assert self._hybrid is not None
+        ps = self.page_size
+        return int((self._hybrid.translate_full_to_swa(full_slots[::ps]) != 0).sum()) * ps
+
+    def _swa(self, what: str) -> Any:
+        if self._hybrid is None:
+            raise ValueError(f"{what}: this cache has no SWA component (set sliding_window)")
+        return self._hybrid
+
+    def _states_of(self, what: str) -> Any:
+        if self._states is None:
+            raise ValueError(f"{what}: this cache has no MAMBA component (set mamba_num_states)")
+        return self._states

@@ -94,7 +94,7 @@ def compute(cache: UnifiedCache, tokens: list[int]) -> None:
         pool.v(layer)[new] = -float(layer + 1)
     slot = None
     if cache.pool(PoolName.MAMBA) is not None:
-        slot = cache.alloc_state()
+        slot = cache.hybrid.alloc_state()
         cache.pool(PoolName.MAMBA).write_state(
             slot, torch.arange(STATE.state_bytes, dtype=torch.uint8))
     cache.insert(InsertParams(key=tokens, value=kv, prev_prefix_len=m.prefix_len,

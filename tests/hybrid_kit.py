@@ -37,7 +37,7 @@ def fill(cache: UnifiedCache, slots: torch.Tensor, tokens: list[int], start: int
     data = torch.tensor(tokens[start:], dtype=torch.float32)[:, None, None]
     pos = torch.arange(start, len(tokens), dtype=torch.float32)[:, None, None]
     kv, swa = cache.pool(PoolName.KV), cache.pool(PoolName.SWA)
-    swa_slots = None if swa is None else cache.swa_slots(slots)
+    swa_slots = None if swa is None else cache.hybrid.swa_slots(slots)
     for layer in range(LAYOUT.num_layers):
         kv.k(layer)[slots] = (data * 10 + pos + layer).expand(-1, 2, 8)
         kv.v(layer)[slots] = (-data - pos - layer).expand(-1, 2, 8)

@@ -65,7 +65,7 @@ def serve(cache: Any, tokens: list[int], *, linker: Any = None, req_id: Any = No
     n = len(tokens) // cache.page_size * cache.page_size
     slot = None
     if state is not None and n:
-        slot = cache.alloc_state()
+        slot = cache.hybrid.alloc_state()
         assert slot is not None, "no state slot for the request"
         cache.pool(PoolName.MAMBA).write_state(slot, state(tokens[:n]))
     served.insert = cache.insert(InsertParams(key=tokens, value=kv[:n], prev_prefix_len=prefix,

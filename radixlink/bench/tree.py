@@ -79,24 +79,24 @@ def run_once(
         t2 = clock()
         hit = m.prefix_len
         handle = cache.lock(m.last_node)
-        copy = cache.copy_state(m.last_node) if mamba and hit else None  # copy-on-write
+        copy = cache.hybrid.copy_state(m.last_node) if mamba and hit else None  # copy-on-write
         t3 = clock()
         new = cache.alloc(len(seq) - hit)
         assert new is not None, "allocation failed after eviction: capacity below one request"
         kv = torch.cat([m.device_indices, new]) if hit else new
-        state = cache.alloc_state() if mamba else None
+        state = cache.hybrid.alloc_state() if mamba else None
         t4 = clock()
         aligned = len(seq) // ps * ps
         evicted = max(hit, (aligned - window) // ps * ps) if swa else 0
         if evicted > hit:  # the engine dropped the SWA pages that left the window
-            cache.free_swa(kv[hit:evicted])
+            cache.hybrid.free_swa(kv[hit:evicted])
         cache.insert(InsertParams(key=seq, value=kv[:aligned], prev_prefix_len=hit,
                                   swa_evicted_seqlen=evicted, mamba_value=state))
         t5 = clock()
         if len(kv) > aligned:
             cache.free(kv[aligned:])
         if copy is not None:
-            cache.free_state(copy)
+            cache.hybrid.free_state(copy)
         t6 = clock()
         cache.unlock(handle)
         t7 = clock()

@@ -13,12 +13,13 @@ import torch
 
 from radixlink.components.base import TreeComponent
 from radixlink.components.full import FullComponent
-from radixlink.components.mamba import MambaComponent, StateSlots
+from radixlink.components.mamba import MambaComponent
 from radixlink.components.swa import SWAComponent
 from radixlink.config import CacheConfig
 from radixlink.contract import PoolName
 from radixlink.memory.allocator import PagedAllocator
 from radixlink.memory.pools import KVPool, MambaStatePool
+from radixlink.memory.states import StateSlots
 from radixlink.memory.swa_allocator import SWAAllocator, SWAFullSide
 
 

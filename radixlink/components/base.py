@@ -7,7 +7,8 @@ DESIGN.md section 3. Concrete components (full.py, swa.py, mamba.py) override ho
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, Protocol
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
 
@@ -27,6 +28,20 @@ from radixlink.tree.protocol import TreeOps
 RoomFn = Callable[[int, int], None]
 """``make_room(component_index, units)``: the facade's one eviction path (evict, then apply)."""
 
+T = TypeVar("T")
+
+
+def alloc_or_evict(make_room: Callable[[], None], alloc: Callable[..., T | None],
+                   *args: Any) -> T | None:
+    """The one "try, make room, retry" of every allocation that may evict: ``alloc(*args)``;
+    when it gives None, ``make_room()`` (through the facade's eviction path, ``EvictionPath``)
+    and ``alloc(*args)`` once more. None when even eviction could not make room."""
+    got = alloc(*args)
+    if got is None:
+        make_room()
+        got = alloc(*args)
+    return got
+
 
 class SlotAllocator(Protocol):
     """What a component needs from its pool's allocator (``PagedAllocator`` fits; a hybrid
@@ -45,6 +60,28 @@ class SlotAllocator(Protocol):
     def total_size(self) -> int: ...
 
 
+@dataclass(slots=True, kw_only=True)
+class ComponentLoad:
+    """One component's part of one store load: ``prepare_load`` returns it, ``commit_load`` or
+    ``abort_load`` takes it back (the typed form of DESIGN.md's PREPARE / COMMIT / ABORT).
+
+    Attributes:
+        transfer: the pool's keys and the device slots reserved for them (held until then).
+        prefix_len: tokens on device before the loaded tail.
+        full: the backbone's reserved slots for the whole tail (FULL: its own transfer).
+    """
+
+    transfer: PoolTransfer
+    prefix_len: int
+    full: PoolTransfer
+
+    @property
+    def slots(self) -> torch.Tensor:
+        """The reserved device slots (``transfer.device_indices``)."""
+        assert self.transfer.device_indices is not None, "a load transfer without slots"
+        return self.transfer.device_indices
+
+
 class TreeComponent:
     """Base of every component; the defaults describe a component that holds no data.
 
@@ -55,7 +92,9 @@ class TreeComponent:
       ``insert_done``, ``lock``/``unlock``, ``evict``;
     * checks: ``check_node``, ``check``;
     * facade: ``fill_match`` (its part of a ``MatchResult``), ``apply`` (slot decisions of an
-      ``Effects`` record), ``check_accounting``, ``stats``; and the two linker hooks.
+      ``Effects`` record), ``check_accounting``, ``stats``;
+    * linker: ``prepare_load`` / ``commit_load`` / ``abort_load`` over a ``ComponentLoad``, and
+      the two DESIGN.md hooks as adapters over them.
 
     A component stores its data in ``node.values[self.index]`` (None = tombstone) and its lock
     count in ``node.lock_refs[self.index]``; index 0 is the backbone. Components may read
@@ -66,8 +105,11 @@ class TreeComponent:
     component_type: ClassVar[ComponentType]
     pool_name: ClassVar[PoolName]
     hit_policy: ClassVar[PoolHitPolicy] = PoolHitPolicy.ALL_PAGES
-    # TRAILING_PAGES components: how many trailing pages a restorable prefix needs
-    # (SWA: ceil(window / page_size); MAMBA: 1); 0 = all pages. Read by the linker's LOOKUP.
+    # Whether LOAD reserves device slots for this component (a LOAD transfer of None is then a
+    # refusal: the load is a miss); False = it takes no part in loads.
+    takes_part_in_loads: ClassVar[bool] = False
+    # TRAILING_PAGES components: how many trailing pages a restorable prefix needs (SWA: its
+    # ``Window.pages``; MAMBA: 1); 0 = all pages. Read by the linker's LOOKUP.
     window_pages: int = 0
 
     def __init__(self) -> None:
@@ -91,7 +133,7 @@ class TreeComponent:
         """Attach the facade's eviction path (called once, by the facade)."""
         self._room = room
 
-    def make_room(self, units: int) -> None:
+    def _make_room(self, units: int) -> None:
         """Ask the facade to evict until ``units`` more of this component's units are free
         (tokens, or states); it evicts, then applies the slot decisions, in one place."""
         if units > 0:
@@ -173,6 +215,45 @@ class TreeComponent:
         return {}
 
     # ---------------------------------------------------------------- linker (DESIGN.md 3)
+    #
+    # The typed load protocol, what linker/phases.py calls: ``prepare_load`` returns this
+    # component's ``ComponentLoad``, ``commit_load`` / ``abort_load`` take it back. The two
+    # DESIGN.md hooks below are thin adapters over the same steps. Components override the
+    # private steps (``_offload_transfer``, ``_reserve_load``, ``_map_load``) and ``abort_load``.
+
+    def prepare_load(self, keys: list[str], req: Any) -> ComponentLoad | None:
+        """LOAD + PREPARE: reserve device slots for the tail pages ``keys`` (evicting when
+        short) and set this component's mappings; None, holding nothing, when it cannot.
+
+        ``req`` is the load's ``Reservation``: its ``prefix_len``, the backbone's prepared
+        ``full`` transfer (FULL prepares first) and ``swa_evicted_seqlen``, which PREPARE may
+        raise."""
+        transfer = self._reserve_load(keys)
+        if transfer is None:
+            return None
+        full = req.full
+        load = ComponentLoad(transfer=transfer, prefix_len=req.prefix_len,
+                             full=transfer if full is None else full)
+        self._map_load(load, req)
+        return load
+
+    def commit_load(self, load: ComponentLoad, result: InsertResult) -> None:
+        """After the publishing insert, which already adopted or freed every slot ``load``
+        reserved (``result.adopted_ranges`` says which). Nothing is left to do by default."""
+
+    def abort_load(self, load: ComponentLoad) -> None:
+        """The load failed before publishing: release every slot and mapping ``load`` holds."""
+
+    def _offload_transfer(self, node: TreeNode) -> PoolTransfer | None:
+        """OFFLOAD: ``node``'s data keyed by its page hashes, or None (nothing to export)."""
+        return None
+
+    def _reserve_load(self, keys: list[str]) -> PoolTransfer | None:
+        """LOAD: fresh held slots for the tail pages ``keys`` (evicting when short), or None."""
+        return None
+
+    def _map_load(self, load: ComponentLoad, req: Any) -> None:
+        """PREPARE: set the mappings of ``load``'s slots before data lands (default: none)."""
 
     def build_external_linker_transfer(
         self, phase: LinkerTransferPhase, node: TreeNode | None, keys: list[str]
@@ -182,9 +263,15 @@ class TreeComponent:
         OFFLOAD: ``node`` is given and ``keys`` come from ``node.hash_value``. LOOKUP/LOAD:
         ``node`` is None and ``keys`` are the hashes of the device-uncached tail (page 0 =
         first uncached page). LOAD reserves device slots the component owns until
-        ``update_external_linker_load`` COMMITs or ABORTs them.
+        ``update_external_linker_load`` COMMITs or ABORTs them (``prepare_load``'s first step).
         """
-        return None
+        if phase is LinkerTransferPhase.OFFLOAD:
+            return None if node is None else self._offload_transfer(node)
+        if not self.takes_part_in_loads:
+            return None
+        if phase is LinkerTransferPhase.LOOKUP:
+            return PoolTransfer(name=self.pool_name, keys=list(keys), hit_policy=self.hit_policy)
+        return self._reserve_load(keys)
 
     def update_external_linker_load(
         self,
@@ -195,28 +282,20 @@ class TreeComponent:
         prefix_len: int,
         *,
         insert_result: InsertResult | None = None,
-        canonical_full: torch.Tensor | None = None,
     ) -> PoolTransfer | None:
-        """Advance a load of this component: PREPARE (set mappings before data lands), COMMIT
-        (bind to the tree's canonical slots after insert, free what was not adopted), ABORT
-        (release what LOAD reserved). The default keeps ``transfer`` unchanged."""
-        return transfer
-
-
-def evict_tombstoning(component: TreeComponent, evictable: Any, target: int,
-                      effects: Effects) -> int:
-    """Evict a non-backbone component's data, least recently used first, until
-    ``effects.num_freed[component.index] >= target``: a leaf goes whole (every component
-    releases it), an internal node becomes this component's tombstone and keeps its full KV.
-    Returns the units freed."""
-    i, tree = component.index, component.tree
-    before = effects.num_freed[i]
-    while effects.num_freed[i] < target:
-        node = evictable.pop()
-        if node is None:
-            break
-        if node.children:
-            tree.tombstone(node, i, effects)
+        """Advance a load of this component (an adapter over the typed steps): PREPARE (set
+        mappings before data lands), COMMIT (after the publishing insert, which already adopted
+        or freed every reserved slot), ABORT (release what LOAD reserved; returns None)."""
+        if transfer is None or transfer.device_indices is None:
+            return transfer
+        load = ComponentLoad(transfer=transfer, prefix_len=prefix_len,
+                             full=transfer if full_transfer is None else full_transfer)
+        if phase is ExternalLinkerLoadPhase.PREPARE:
+            self._map_load(load, req)
+        elif phase is ExternalLinkerLoadPhase.ABORT:
+            self.abort_load(load)
+            return None
         else:
-            tree.remove_leaf(node, effects)
-    return int(effects.num_freed[i] - before)
+            assert insert_result is not None, "COMMIT needs the insert's result"
+            self.commit_load(load, insert_result)
+        return transfer

@@ -11,14 +11,16 @@ from typing import Any
 
 import torch
 
-from radixlink.components.base import SlotAllocator, TreeComponent
+from radixlink.components.base import (
+    ComponentLoad,
+    SlotAllocator,
+    TreeComponent,
+    alloc_or_evict,
+)
 from radixlink.components.ownership import PageOwnership
 from radixlink.config import EvictionPolicy
 from radixlink.contract import (
     ComponentType,
-    ExternalLinkerLoadPhase,
-    InsertResult,
-    LinkerTransferPhase,
     MatchResult,
     PoolHitPolicy,
     PoolName,
@@ -44,6 +46,7 @@ class FullComponent(TreeComponent):
 
     component_type = _FULL
     pool_name = PoolName.KV
+    takes_part_in_loads = True
     hit_policy = PoolHitPolicy.ALL_PAGES
 
     def __init__(
@@ -99,13 +102,6 @@ class FullComponent(TreeComponent):
             effects.freed[0].append(value)
             effects.num_freed[0] += num
             self.cached_tokens -= num
-
-    def drop(self, node: TreeNode, effects: Effects) -> None:
-        """Tombstone ``node``'s full data, and with it every other component's data there
-        (they all need the full KV); a leaf is removed instead. For hybrid eviction and
-        tests."""
-        assert node.lock_refs[0] == 0, f"drop of locked {node}"
-        self.tree.tombstone(node, 0, effects)
 
     # ---------------------------------------------------------------- requests
 
@@ -310,58 +306,24 @@ class FullComponent(TreeComponent):
             "evictable_leaves": len(self.evictable),
         }
 
-    # ---------------------------------------------------------------- linker (DESIGN.md 3)
+    # ---------------------------------------------------------------- linker (typed steps)
 
-    def build_external_linker_transfer(
-        self, phase: LinkerTransferPhase, node: TreeNode | None, keys: list[str]
-    ) -> PoolTransfer | None:
-        """OFFLOAD: the node's slots keyed by its page hashes (None without hashes or device
-        data). LOOKUP: the keys. LOAD: ``len(keys)`` pages of fresh slots, evicting when short
-        (None when even eviction cannot make room); they count as held until COMMIT/ABORT."""
-        if phase is LinkerTransferPhase.OFFLOAD:
-            if node is None or node.hash_value is None or node.values[0] is None:
-                return None
-            return PoolTransfer(name=PoolName.KV, keys=list(node.hash_value),
-                                device_indices=node.values[0])
-        if phase is LinkerTransferPhase.LOOKUP:
-            return PoolTransfer(name=PoolName.KV, keys=list(keys))
+    def _offload_transfer(self, node: TreeNode) -> PoolTransfer | None:
+        """The node's slots keyed by its page hashes (None without hashes or device data)."""
+        if node.hash_value is None or node.values[0] is None:
+            return None
+        return PoolTransfer(name=PoolName.KV, keys=list(node.hash_value),
+                            device_indices=node.values[0])
+
+    def _reserve_load(self, keys: list[str]) -> PoolTransfer | None:
+        """``len(keys)`` pages of fresh slots, evicting when short (None when even eviction
+        cannot make room); they count as held until the publishing insert or ABORT."""
         num_tokens = len(keys) * self.page_size
-        slots = self.alloc(num_tokens)
-        if slots is None:
-            self.make_room(num_tokens - self.allocator.available_size())
-            slots = self.alloc(num_tokens)
+        slots = alloc_or_evict(lambda: self._make_room(
+            num_tokens - self.allocator.available_size()), self.alloc, num_tokens)
         if slots is None:
             return None
         return PoolTransfer(name=PoolName.KV, keys=list(keys), device_indices=slots)
 
-    def update_external_linker_load(
-        self,
-        phase: ExternalLinkerLoadPhase,
-        req: Any,
-        full_transfer: PoolTransfer | None,
-        transfer: PoolTransfer | None,
-        prefix_len: int,
-        *,
-        insert_result: InsertResult | None = None,
-        canonical_full: torch.Tensor | None = None,
-    ) -> PoolTransfer | None:
-        """PREPARE: nothing. COMMIT: the insert adopted some reserved pages and freed the
-        duplicates itself; return the transfer trimmed to the adopted pages. ABORT: free
-        every reserved slot."""
-        if transfer is None or transfer.device_indices is None:
-            return transfer
-        if phase is ExternalLinkerLoadPhase.PREPARE:
-            return transfer
-        if phase is ExternalLinkerLoadPhase.ABORT:
-            self.free(transfer.device_indices)
-            return None
-        assert insert_result is not None, "COMMIT needs the insert's result"
-        ps, slots = self.page_size, transfer.device_indices
-        parts, keys = [], []
-        for start, end in insert_result.adopted_ranges.get(_FULL, ()):
-            lo, hi = max(start - prefix_len, 0), min(end - prefix_len, slots.shape[0])
-            if hi > lo:
-                parts.append(slots[lo:hi])
-                keys.extend(transfer.keys[lo // ps : hi // ps])
-        adopted = torch.cat(parts) if parts else self._empty
-        return PoolTransfer(name=PoolName.KV, keys=keys, device_indices=adopted)
+    def abort_load(self, load: ComponentLoad) -> None:
+        self.free(load.slots)

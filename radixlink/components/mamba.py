@@ -12,63 +12,24 @@ from typing import Any
 
 import torch
 
-from radixlink.components.base import TreeComponent, evict_tombstoning
+from radixlink.components.base import ComponentLoad, alloc_or_evict
+from radixlink.components.side import SideComponent
 from radixlink.config import EvictionPolicy
 from radixlink.contract import (
     ComponentType,
-    ExternalLinkerLoadPhase,
-    InsertResult,
-    LinkerTransferPhase,
     MatchResult,
     PoolHitPolicy,
     PoolName,
     PoolTransfer,
 )
 from radixlink.memory.pools import MambaStatePool
-from radixlink.tree.lru import EvictableSet
+from radixlink.memory.states import StateSlots
 from radixlink.tree.node import Effects, InsertContext, MatchPath, TreeNode
 
 _MAMBA = ComponentType.MAMBA
 
 
-class StateSlots:
-    """State slot ids without tensors (index-only caches); ``MambaStatePool``'s alloc/free
-    contract: slots ``1..num_states``, 0 reserved."""
-
-    def __init__(self, num_states: int):
-        if not isinstance(num_states, int) or isinstance(num_states, bool) or num_states <= 0:
-            raise ValueError(f"num_states must be a positive int, got {num_states!r}")
-        self.num_states = num_states
-        self._free = list(range(num_states, 0, -1))
-        self._is_free = [False] + [True] * num_states
-
-    def total_size(self) -> int:
-        return self.num_states
-
-    def available_size(self) -> int:
-        return len(self._free)
-
-    def is_allocated(self, slot: int) -> bool:
-        return isinstance(slot, int) and 1 <= slot <= self.num_states and not self._is_free[slot]
-
-    def alloc(self) -> int | None:
-        if not self._free:
-            return None
-        slot = self._free.pop()
-        self._is_free[slot] = False
-        return slot
-
-    def free(self, slot: int) -> None:
-        if not self.is_allocated(slot):
-            raise ValueError(
-                f"cannot free state slot {slot!r}: not allocated (double free?) or outside "
-                f"1..{self.num_states}"
-            )
-        self._is_free[slot] = True
-        self._free.append(slot)
-
-
-class MambaComponent(TreeComponent):
+class MambaComponent(SideComponent):
     """Recurrent state at node ends: a boundary is matchable only where a node ends with one.
 
     ``values[i]`` is the tree's state slot (int) or None. Match reports the tree's slot and
@@ -86,27 +47,21 @@ class MambaComponent(TreeComponent):
 
     component_type = _MAMBA
     pool_name = PoolName.MAMBA
+    takes_part_in_loads = True
+    window_pages = 1  # the state at a boundary is one trailing page
     hit_policy = PoolHitPolicy.TRAILING_PAGES
-    window_pages = 1
 
     def __init__(
         self,
         slots: MambaStatePool | StateSlots,
         policy: EvictionPolicy | str = EvictionPolicy.LRU,
     ) -> None:
-        super().__init__()
+        super().__init__(policy)
         self.slots = slots
         self.pool = slots if isinstance(slots, MambaStatePool) else None
-        self.policy = EvictionPolicy(policy)
-        self.evictable = EvictableSet(0, self.policy, deep_first=True)
         self._owned = [False] * (slots.total_size() + 1)
         self.cached_states = 0
         self.num_held = 0
-
-    def bind(self, tree: Any, index: int) -> None:
-        super().bind(tree, index)
-        assert index > 0, "MambaComponent cannot be the backbone"
-        self.evictable = EvictableSet(index, self.policy, deep_first=True)
 
     # ---------------------------------------------------------------- structure
 
@@ -114,25 +69,17 @@ class MambaComponent(TreeComponent):
         parent.values[self.index] = None  # the state is valid only at the child's end
         parent.lock_refs[self.index] = 0
 
-    def refresh(self, node: TreeNode) -> None:
-        i = self.index
-        if node.values[i] is not None and node.lock_refs[i] == 0 and node.parent is not None:
-            self.evictable.add(node)
-        else:
-            self.evictable.discard(node)
+    def _units(self, value: int) -> int:
+        return 1
 
-    def keeps_leaf(self, node: TreeNode) -> bool:
-        return node.values[self.index] is not None
+    def _freed(self, node: TreeNode, value: int) -> int:
+        return value
 
-    def release(self, node: TreeNode, effects: Effects) -> None:
-        i = self.index
-        self.evictable.discard(node)
-        state = node.values[i]
-        if state is not None:
-            node.values[i] = None
-            effects.freed[i].append(state)
-            effects.num_freed[i] += 1
-            self.cached_states -= 1
+    def _uncache(self, units: int) -> None:
+        self.cached_states -= units
+
+    def _cached(self) -> int:
+        return self.cached_states
 
     # ---------------------------------------------------------------- requests
 
@@ -170,41 +117,21 @@ class MambaComponent(TreeComponent):
         if node.lock_refs[i] == 0:
             self.refresh(node)
 
-    def evict(self, target: int, effects: Effects) -> None:
-        """Least recently used first: a leaf goes whole, an internal node keeps its full KV."""
-        evict_tombstoning(self, self.evictable, target, effects)
-
     # ---------------------------------------------------------------- checks
 
-    def check_node(self, node: TreeNode) -> int:
-        i = self.index
-        state, refs = node.values[i], node.lock_refs[i]
-        assert refs >= 0, f"negative Mamba lock count on {node}"
-        should = state is not None and refs == 0
-        assert (node in self.evictable) == should, (
-            f"{node}: in Mamba evictable set = {node in self.evictable}, expected {should}"
-        )
-        if state is None:
-            return 0
-        assert node.values[0] is not None, f"{node}: a Mamba state without full data"
-        assert self._owned[state], f"{node}: state slot {state} is not marked tree-owned"
-        return 1
+    def _check_value(self, node: TreeNode, value: int) -> None:
+        assert self._owned[value], f"{node}: state slot {value} is not marked tree-owned"
 
     def check(self, cached: int, handles: list[Any]) -> None:
-        assert cached == self.cached_states, (
-            f"mamba: tree holds {cached} states, counter says {self.cached_states}"
-        )
         assert sum(self._owned) == cached, f"mamba: {sum(self._owned)} slots marked owned"
-        self.evictable.check()
+        super().check(cached, handles)
+
+    def _lock_counts(self, handles: list[Any]) -> dict[int, int]:
         expected: dict[int, int] = {}
         for handle in handles:
             if handle.parts:
                 expected[id(handle.node)] = expected.get(id(handle.node), 0) + 1
-        for node in self.tree.iter_nodes():
-            want = expected.get(id(node), 0)
-            assert node.lock_refs[self.index] == want, (
-                f"{node}: Mamba lock count {node.lock_refs[self.index]}, handles say {want}"
-            )
+        return expected
 
     def check_accounting(self) -> None:
         free, total = self.slots.available_size(), self.slots.total_size()
@@ -283,61 +210,33 @@ class MambaComponent(TreeComponent):
         }
 
     # ---------------------------------------------------------------- linker (DESIGN.md 5)
+    # The state at a node's end is one trailing page keyed by its last page hash; LOOKUP asks
+    # for every tail key (present at page i = the state at the end of page i is stored).
 
-    def build_external_linker_transfer(
-        self, phase: LinkerTransferPhase, node: TreeNode | None, keys: list[str]
-    ) -> PoolTransfer | None:
-        """The state at a node's end is one trailing page keyed by its last page hash.
+    def _offload_transfer(self, node: TreeNode) -> PoolTransfer | None:
+        """``node``'s state slot (None when it has no state or no hashes)."""
+        state = node.values[self.index]
+        if state is None or not node.hash_value:
+            return None
+        return PoolTransfer(name=PoolName.MAMBA, keys=[node.hash_value[-1]],
+                            device_indices=torch.tensor([state], dtype=torch.int64),
+                            hit_policy=PoolHitPolicy.TRAILING_PAGES)
 
-        OFFLOAD: ``node``'s state slot (None when it has no state or no hashes). LOOKUP: every
-        tail key (present at page i = the state at the end of page i is stored). LOAD: one
-        fresh state slot for the tail's end, evicting a cached state when none is free (None
-        when even that fails); held until the publishing insert takes it or ABORT frees it.
-        """
-        if phase is LinkerTransferPhase.OFFLOAD:
-            state = None if node is None else node.values[self.index]
-            if node is None or state is None or not node.hash_value:
-                return None
-            return PoolTransfer(name=PoolName.MAMBA, keys=[node.hash_value[-1]],
-                                device_indices=torch.tensor([state], dtype=torch.int64),
-                                hit_policy=PoolHitPolicy.TRAILING_PAGES)
-        if phase is LinkerTransferPhase.LOOKUP:
-            return PoolTransfer(name=PoolName.MAMBA, keys=list(keys),
-                                hit_policy=PoolHitPolicy.TRAILING_PAGES)
+    def _reserve_load(self, keys: list[str]) -> PoolTransfer | None:
+        """One fresh state slot for the tail's end, evicting a cached state when none is free
+        (None when even that fails); held until the publishing insert takes it (it is the
+        insert's ``mamba_value``) or ABORT frees it."""
         if not keys:
             return None
-        slot = self.alloc()
-        if slot is None:
-            self.make_room(1)
-            slot = self.alloc()
+        slot = alloc_or_evict(lambda: self._make_room(1), self.alloc)
         if slot is None:
             return None
         return PoolTransfer(name=PoolName.MAMBA, keys=[keys[-1]],
                             device_indices=torch.tensor([slot], dtype=torch.int64),
                             hit_policy=PoolHitPolicy.TRAILING_PAGES)
 
-    def update_external_linker_load(
-        self,
-        phase: ExternalLinkerLoadPhase,
-        req: Any,
-        full_transfer: PoolTransfer | None,
-        transfer: PoolTransfer | None,
-        prefix_len: int,
-        *,
-        insert_result: InsertResult | None = None,
-        canonical_full: torch.Tensor | None = None,
-    ) -> PoolTransfer | None:
-        """PREPARE: nothing. COMMIT: the publishing insert took ``mamba_value`` (adopted or
-        freed it); return the transfer when adopted, else None. ABORT: free the reserved slot
-        (never inserted: ABORT comes only before publishing)."""
-        if transfer is None or transfer.device_indices is None:
-            return transfer
-        if phase is ExternalLinkerLoadPhase.PREPARE:
-            return transfer
-        slot = int(transfer.device_indices.reshape(-1)[0])
-        if phase is ExternalLinkerLoadPhase.ABORT:
-            assert not self._owned[slot], f"ABORT of state slot {slot}, which the tree owns"
-            self.free(slot)
-            return None
-        assert insert_result is not None, "COMMIT needs the insert's result"
-        return transfer if insert_result.adopted_ranges.get(_MAMBA) else None
+    def abort_load(self, load: ComponentLoad) -> None:
+        """Free the reserved slot (never inserted: ABORT comes only before publishing)."""
+        slot = int(load.slots.reshape(-1)[0])
+        assert not self._owned[slot], f"ABORT of state slot {slot}, which the tree owns"
+        self.free(slot)

@@ -12,15 +12,14 @@ from typing import Any
 
 import torch
 
-from radixlink.components.base import TreeComponent, evict_tombstoning
+from radixlink.components.base import ComponentLoad
+from radixlink.components.side import SideComponent
 from radixlink.components.swa_insert import Remap, SWACounts, SWAInsert
 from radixlink.components.swa_linker import SWALinker
+from radixlink.components.window import Window
 from radixlink.config import EvictionPolicy
 from radixlink.contract import (
     ComponentType,
-    ExternalLinkerLoadPhase,
-    InsertResult,
-    LinkerTransferPhase,
     MatchResult,
     PoolHitPolicy,
     PoolName,
@@ -28,13 +27,12 @@ from radixlink.contract import (
 )
 from radixlink.memory.pools import KVPool
 from radixlink.memory.swa_allocator import SWAAllocator
-from radixlink.tree.lru import EvictableSet
 from radixlink.tree.node import Effects, InsertContext, MatchPath, TreeNode
 
 _SWA = ComponentType.SWA
 
 
-class SWAComponent(TreeComponent):
+class SWAComponent(SideComponent):
     """Sliding-window K/V: a boundary ``p`` is matchable when ``[p - W, p)`` has live SWA data.
 
     A node's value is the SWA slots of its live *suffix* (None = tombstone), always equal to
@@ -60,6 +58,7 @@ class SWAComponent(TreeComponent):
 
     component_type = _SWA
     pool_name = PoolName.SWA
+    takes_part_in_loads = True
     hit_policy = PoolHitPolicy.TRAILING_PAGES
 
     def __init__(
@@ -69,26 +68,20 @@ class SWAComponent(TreeComponent):
         policy: EvictionPolicy | str = EvictionPolicy.LRU,
         pool: KVPool | None = None,
     ) -> None:
-        if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
-            raise ValueError(f"the SWA window must be a positive int (tokens), got {window!r}")
-        super().__init__()
+        self.window = Window(window, allocator.page_size)  # NOTE: checks ``window`` first
+        super().__init__(policy)
+        self.window_pages = self.window.pages  # the linker's LOOKUP reads it
         self.allocator = allocator
         self.pool = pool
-        self.window = window
         self.page_size = allocator.page_size
-        self.window_pages = -(-window // self.page_size)
-        self.policy = EvictionPolicy(policy)
-        self.evictable = EvictableSet(0, self.policy, deep_first=True)
         self.counts = SWACounts()
         self._empty = torch.empty(0, dtype=torch.int64, device=allocator.device)
 
     def bind(self, tree: Any, index: int) -> None:
         super().bind(tree, index)
-        assert index > 0, "SWAComponent cannot be the backbone"
-        self.evictable = EvictableSet(index, self.policy, deep_first=True)
         self._insert = SWAInsert(self.allocator, index, self.counts, self.refresh, self.pool)
-        self._linker = SWALinker(self.allocator, self.window_pages, index, self.counts,
-                                 self.make_room)
+        self._linker = SWALinker(self.allocator, self.window, index, self.counts,
+                                 self._make_room)
 
     @property
     def cached_tokens(self) -> int:
@@ -111,28 +104,19 @@ class SWAComponent(TreeComponent):
         parent.lock_refs[i] = child.lock_refs[i]
         self.refresh(parent)
 
-    def refresh(self, node: TreeNode) -> None:
-        i = self.index
-        if node.values[i] is not None and node.lock_refs[i] == 0 and node.parent is not None:
-            self.evictable.add(node)
-        else:
-            self.evictable.discard(node)
+    def _units(self, value: torch.Tensor) -> int:
+        return int(value.shape[0])
 
-    def keeps_leaf(self, node: TreeNode) -> bool:
-        return node.values[self.index] is not None
+    def _freed(self, node: TreeNode, value: torch.Tensor) -> torch.Tensor:
+        full = node.values[0]
+        assert full is not None, f"{node}: SWA data without full data"
+        return full[full.shape[0] - value.shape[0] :]
 
-    def release(self, node: TreeNode, effects: Effects) -> None:
-        i = self.index
-        self.evictable.discard(node)
-        value = node.values[i]
-        if value is not None:
-            node.values[i] = None
-            num = value.shape[0]
-            full = node.values[0]
-            assert full is not None, f"{node}: SWA data without full data"
-            effects.freed[i].append(full[full.shape[0] - num :])
-            effects.num_freed[i] += num
-            self.counts.cached_tokens -= num
+    def _uncache(self, units: int) -> None:
+        self.counts.cached_tokens -= units
+
+    def _cached(self) -> int:
+        return self.counts.cached_tokens
 
     # ---------------------------------------------------------------- match
 
@@ -153,7 +137,7 @@ class SWAComponent(TreeComponent):
                 live_run = live
             low = live + ps
             if live_run > 0:  # a run from token 0 needs no full window
-                low = max(low, -(-(live_run + window) // ps) * ps)
+                low = max(low, window.first_boundary(live_run))
             high = min(node.seq_len, limit)
             if high >= low:
                 best = high
@@ -167,7 +151,7 @@ class SWAComponent(TreeComponent):
             result.swa_indices, result.swa_live_len = self._empty, 0
             return
         i = self.index
-        need = min(end, self.window_pages * self.page_size)
+        need = self.window.span(end)
         parts: list[torch.Tensor] = []
         live_len = 0
         for node in reversed(path.nodes):
@@ -203,7 +187,7 @@ class SWAComponent(TreeComponent):
 
     def lock(self, node: TreeNode) -> int:
         i = self.index
-        reach = node.seq_len - (len(node.key) >> 2) + self.page_size - self.window
+        reach = self.window.lock_reach(node.seq_len - (len(node.key) >> 2))
         top = node.seq_len
         while node.parent is not None and node.seq_len > reach:
             if node.lock_refs[i] == 0:
@@ -222,36 +206,16 @@ class SWAComponent(TreeComponent):
                 self.refresh(node)
             node = node.parent
 
-    def evict(self, target: int, effects: Effects) -> None:
-        """Least recently used first: a leaf goes whole, an internal node keeps its full KV."""
-        evict_tombstoning(self, self.evictable, target, effects)
-
     # ---------------------------------------------------------------- checks
 
-    def check_node(self, node: TreeNode) -> int:
-        i = self.index
-        value, refs = node.values[i], node.lock_refs[i]
-        assert refs >= 0, f"negative SWA lock count on {node}"
-        should = value is not None and refs == 0
-        assert (node in self.evictable) == should, (
-            f"{node}: in SWA evictable set = {node in self.evictable}, expected {should}"
-        )
-        if value is None:
-            return 0
-        assert node.values[0] is not None, f"{node}: SWA data without full data"
+    def _check_value(self, node: TreeNode, value: torch.Tensor) -> None:
         num = value.shape[0]
         assert 0 < num <= node.num_tokens and num % self.page_size == 0, (
             f"{node}: SWA suffix of {num} tokens on a {node.num_tokens}-token node"
         )
-        return int(num)
 
-    def check(self, cached: int, handles: list[Any]) -> None:
-        assert cached == self.cached_tokens, (
-            f"swa: tree holds {cached} tokens, counter says {self.cached_tokens}"
-        )
-        self.evictable.check()
-        i = self.index
-        expected: dict[int, int] = {}
+    def _lock_counts(self, handles: list[Any]) -> dict[int, int]:
+        i, expected = self.index, dict[int, int]()
         for handle in handles:
             if not handle.parts:
                 continue
@@ -259,11 +223,7 @@ class SWAComponent(TreeComponent):
             while node.parent is not None and node.seq_len > receipt:
                 expected[id(node)] = expected.get(id(node), 0) + 1
                 node = node.parent
-        for node in self.tree.iter_nodes():
-            want = expected.get(id(node), 0)
-            assert node.lock_refs[i] == want, (
-                f"{node}: SWA lock count {node.lock_refs[i]}, live handles say {want}"
-            )
+        return expected
 
     def check_accounting(self) -> None:
         """Per SWA pool free + cached + held == total, and every node's full slots map to
@@ -308,24 +268,15 @@ class SWAComponent(TreeComponent):
             alloc.free_swa(freed[0] if len(freed) == 1 else torch.cat(freed))
 
     def alloc_mapped(self, num_tokens: int) -> torch.Tensor | None:
-        """Full slots (whole pages) each mapped to a fresh SWA page, or None when either pool
-        is short; the SWA pages count as held. Pass as ``FullComponent.alloc``'s source."""
+        """Facade (``alloc``): full slots (whole pages) each mapped to a fresh SWA page, or None
+        when either pool is short; the SWA pages count as held. ``FullComponent.alloc``'s
+        source."""
         slots = self.allocator.alloc(num_tokens)
         if slots is not None:
             self.counts.num_held += slots.shape[0]
         return slots
 
-    def map_fresh(self, full_slots: torch.Tensor) -> bool:
-        """Map fresh SWA pages to the caller's unmapped ``full_slots`` (held by the caller
-        from now on); False, changing nothing, when the SWA pool is short."""
-        swa = self.allocator.alloc_swa(full_slots.shape[0])
-        if swa is None:
-            return False
-        self.allocator.set_full_to_swa_mapping(full_slots, swa)
-        self.counts.num_held += swa.shape[0]
-        return True
-
-    def count_mapped(self, full_slots: torch.Tensor) -> int:
+    def _count_mapped(self, full_slots: torch.Tensor) -> int:
         """SWA slots mapped to the whole full pages ``full_slots``."""
         heads = self.allocator.translate_full_to_swa(full_slots[:: self.page_size])
         return int((heads != 0).sum()) * self.page_size
@@ -335,20 +286,20 @@ class SWAComponent(TreeComponent):
     ) -> None:
         """Free the caller's ``full_slots`` with ``free`` (the full side, which frees the SWA
         pages mapped to them too) and stop counting those SWA pages as held."""
-        num = self.count_mapped(full_slots)
+        num = self._count_mapped(full_slots)
         free(full_slots)
         self.counts.num_held -= num
 
     def free_held(self, full_slots: torch.Tensor) -> None:
         """Free the SWA pages mapped to the caller's ``full_slots`` (whole pages; the caller
         checked that the tree does not own them). Unmapped pages are skipped."""
-        num = self.count_mapped(full_slots)
+        num = self._count_mapped(full_slots)
         self.allocator.free_swa(full_slots)
         self.counts.num_held -= num
 
     def stats(self) -> dict[str, Any]:
         return {
-            "swa_window": self.window,
+            "swa_window": self.window.tokens,
             "swa_cached_tokens": self.cached_tokens,
             "swa_held_tokens": self.num_held,
             "swa_free_tokens": self.allocator.swa_available_size(),
@@ -357,23 +308,14 @@ class SWAComponent(TreeComponent):
 
     # ---------------------------------------------------------------- linker (swa_linker.py)
 
-    def build_external_linker_transfer(
-        self, phase: LinkerTransferPhase, node: TreeNode | None, keys: list[str]
-    ) -> PoolTransfer | None:
-        """See ``SWALinker.build_transfer``."""
-        return self._linker.build_transfer(phase, node, keys)
+    def _offload_transfer(self, node: TreeNode) -> PoolTransfer | None:
+        return self._linker.offload_transfer(node)
 
-    def update_external_linker_load(
-        self,
-        phase: ExternalLinkerLoadPhase,
-        req: Any,
-        full_transfer: PoolTransfer | None,
-        transfer: PoolTransfer | None,
-        prefix_len: int,
-        *,
-        insert_result: InsertResult | None = None,
-        canonical_full: torch.Tensor | None = None,
-    ) -> PoolTransfer | None:
-        """See ``SWALinker.update_load``."""
-        return self._linker.update_load(phase, req, full_transfer, transfer, prefix_len,
-                                        insert_result=insert_result)
+    def _reserve_load(self, keys: list[str]) -> PoolTransfer | None:
+        return self._linker.reserve(keys)
+
+    def _map_load(self, load: ComponentLoad, req: Any) -> None:
+        self._linker.map(load, req)
+
+    def abort_load(self, load: ComponentLoad) -> None:
+        self._linker.release(load)

@@ -1,9 +1,9 @@
 """The SWA side of the external cache linker: export a node's trailing window pages, reserve and
 map SWA pages for a load's window, release them on ABORT (DESIGN.md sections 5 and 5b).
 
-Owns no state of its own; ``SWALinker`` works through explicit inputs (the allocator, the SWA
-counters, the facade's eviction path). Must not touch the full pool's slots except to map SWA
-pages to (or unmap them from) a load's reserved full pages.
+Owns no state of its own; ``SWALinker`` works through explicit inputs (the allocator, the
+window, the SWA counters, the facade's eviction path). Must not touch the full pool's slots
+except to map SWA pages to (or unmap them from) a load's reserved full pages.
 """
 
 from __future__ import annotations
@@ -13,16 +13,10 @@ from typing import Any
 
 import torch
 
+from radixlink.components.base import ComponentLoad, alloc_or_evict
 from radixlink.components.swa_insert import SWACounts
-from radixlink.contract import (
-    ComponentType,
-    ExternalLinkerLoadPhase,
-    InsertResult,
-    LinkerTransferPhase,
-    PoolHitPolicy,
-    PoolName,
-    PoolTransfer,
-)
+from radixlink.components.window import Window
+from radixlink.contract import PoolHitPolicy, PoolName, PoolTransfer
 from radixlink.memory.swa_allocator import SWAAllocator
 from radixlink.tree.node import TreeNode
 
@@ -30,130 +24,75 @@ _TRAILING = PoolHitPolicy.TRAILING_PAGES
 
 
 class SWALinker:
-    """The SWA linker hooks over explicit inputs.
+    """The SWA steps of a linker transfer over explicit inputs.
 
     Args:
         allocator: the hybrid allocator.
-        window_pages: ``ceil(window / page_size)``.
+        window: the SWA window.
         index: the SWA component's slot in ``node.values``.
         counts: the SWA counters (reserved pages count as held).
         make_room: the facade's eviction path for SWA tokens.
     """
 
-    def __init__(self, allocator: SWAAllocator, window_pages: int, index: int,
+    def __init__(self, allocator: SWAAllocator, window: Window, index: int,
                  counts: SWACounts, make_room: Callable[[int], None]):
         self.allocator = allocator
         self.page_size = allocator.page_size
-        self.window_pages = window_pages
+        self.window = window
         self.index = index
         self.counts = counts
         self.make_room = make_room
 
-
-    def build_transfer(
-        self, phase: LinkerTransferPhase, node: TreeNode | None, keys: list[str]
-    ) -> PoolTransfer | None:
-        """OFFLOAD: the live SWA slots of ``node``'s last ``window_pages`` pages, keyed by their
-        hashes (None without hashes or live SWA there). LOOKUP: every tail key, trailing policy.
-        LOAD: ``min(window_pages, len(keys))`` fresh SWA pages for the tail's last pages, evicting
-        SWA when short (None when even that cannot make room); held until COMMIT/ABORT."""
-        ps = self.page_size
-        if phase is LinkerTransferPhase.OFFLOAD:
-            if node is None or node.hash_value is None:
-                return None
-            value = node.values[self.index]
-            num = 0 if value is None else min(self.window_pages, value.shape[0] // ps)
-            if num == 0 or value is None:
-                return None
-            return PoolTransfer(name=PoolName.SWA, keys=list(node.hash_value[-num:]),
-                                device_indices=value[value.shape[0] - num * ps :],
-                                hit_policy=_TRAILING)
-        if phase is LinkerTransferPhase.LOOKUP:
-            return PoolTransfer(name=PoolName.SWA, keys=list(keys), hit_policy=_TRAILING)
-        num = min(self.window_pages, len(keys))
+    def offload_transfer(self, node: TreeNode) -> PoolTransfer | None:
+        """The live SWA slots of ``node``'s last window pages, keyed by their hashes (None
+        without hashes or live SWA there)."""
+        value, ps = node.values[self.index], self.page_size
+        if node.hash_value is None or value is None:
+            return None
+        num = self.window.trailing(value.shape[0] // ps)
         if num == 0:
             return None
-        slots = self._alloc_swa(num * ps)
+        return PoolTransfer(name=PoolName.SWA, keys=list(node.hash_value[-num:]),
+                            device_indices=value[value.shape[0] - num * ps :],
+                            hit_policy=_TRAILING)
+
+    def reserve(self, keys: list[str]) -> PoolTransfer | None:
+        """Fresh SWA pages for the window's pages of the tail ``keys`` (its last ones),
+        evicting SWA when short (None when even that cannot make room); held until the
+        publishing insert or ABORT."""
+        num = self.window.trailing(len(keys))
+        if num == 0:
+            return None
+        alloc, num_tokens = self.allocator, num * self.page_size
+        slots = alloc_or_evict(lambda: self.make_room(
+            num_tokens - alloc.swa_available_size()), alloc.alloc_swa, num_tokens)
         if slots is None:
             return None
+        self.counts.num_held += slots.shape[0]
         return PoolTransfer(name=PoolName.SWA, keys=list(keys[-num:]), device_indices=slots,
                             hit_policy=_TRAILING)
 
-    def _alloc_swa(self, num_tokens: int) -> torch.Tensor | None:
-        alloc = self.allocator
-        slots = alloc.alloc_swa(num_tokens)
-        if slots is None:
-            self.make_room(num_tokens - alloc.swa_available_size())
-            slots = alloc.alloc_swa(num_tokens)
-        if slots is not None:
-            self.counts.num_held += slots.shape[0]
-        return slots
-
-    def update_load(
-        self,
-        phase: ExternalLinkerLoadPhase,
-        req: Any,
-        full_transfer: PoolTransfer | None,
-        transfer: PoolTransfer | None,
-        prefix_len: int,
-        *,
-        insert_result: InsertResult | None = None,
-        canonical_full: torch.Tensor | None = None,
-    ) -> PoolTransfer | None:
+    def map(self, load: ComponentLoad, req: Any) -> None:
         """PREPARE: map the tail's last full pages to the reserved SWA pages and raise
-        ``req.swa_evicted_seqlen`` to where they start (the insert keeps only those). COMMIT: the
-        insert already kept, healed with or dropped every mapped page (exactly once); return the
-        transfer trimmed to the adopted pages, with their canonical SWA slots. ABORT: free the
-        reserved SWA pages and their mappings."""
-        if transfer is None or transfer.device_indices is None:
-            return transfer
-        swa = transfer.device_indices
-        assert full_transfer is not None and full_transfer.device_indices is not None, (
-            "an SWA load without FULL slots"
-        )
-        full = full_transfer.device_indices
+        ``req.swa_evicted_seqlen`` to where they start (the insert keeps only those; it then
+        keeps, heals with or drops every mapped page, exactly once: COMMIT has nothing to do)."""
+        swa, full = load.slots, _full_slots(load)
+        self.allocator.set_full_to_swa_mapping(full[full.shape[0] - swa.shape[0] :], swa)
+        start = load.prefix_len + full.shape[0] - swa.shape[0]
+        req.swa_evicted_seqlen = max(req.swa_evicted_seqlen, start)
+
+    def release(self, load: ComponentLoad) -> None:
+        """ABORT: free the reserved SWA pages and their mappings."""
+        swa, full, alloc = load.slots, _full_slots(load), self.allocator
         tail = full[full.shape[0] - swa.shape[0] :]
-        alloc = self.allocator
-        if phase is ExternalLinkerLoadPhase.PREPARE:
-            alloc.set_full_to_swa_mapping(tail, swa)
-            start = prefix_len + full.shape[0] - swa.shape[0]
-            req.swa_evicted_seqlen = max(req.swa_evicted_seqlen, start)
-            return transfer
-        if phase is ExternalLinkerLoadPhase.ABORT:
-            if torch.equal(alloc.translate_full_to_swa(tail), swa):
-                alloc.free_swa(tail)
-            else:  # NOTE: reserved but never mapped
-                alloc.swa.free(swa)
-            self.counts.num_held -= swa.shape[0]
-            return None
-        assert insert_result is not None, "COMMIT needs the insert's result"
-        return self._adopted(transfer, insert_result, prefix_len + full.shape[0])
+        if torch.equal(alloc.translate_full_to_swa(tail), swa):
+            alloc.free_swa(tail)
+        else:  # NOTE: reserved but never mapped (LOAD without PREPARE, through the adapters)
+            alloc.swa.free(swa)
+        self.counts.num_held -= swa.shape[0]
 
-    def _adopted(self, transfer: PoolTransfer, result: InsertResult, end: int) -> PoolTransfer:
-        """The part of ``transfer`` the tree took, as the tree's SWA slots now hold it."""
-        ps, swa = self.page_size, transfer.device_indices
-        assert swa is not None
-        start = end - swa.shape[0]
-        keys: list[str] = []
-        parts: list[torch.Tensor] = []
-        for a, b in result.adopted_ranges.get(ComponentType.SWA, ()):
-            lo, hi = max(a, start), min(b, end)
-            if hi > lo:
-                keys.extend(transfer.keys[(lo - start) // ps : (hi - start) // ps])
-                parts.append(self._tree_swa(result.last_node, lo, hi))
-        slots = torch.cat(parts) if parts else swa[:0]
-        return PoolTransfer(name=PoolName.SWA, keys=keys, device_indices=slots,
-                            hit_policy=_TRAILING)
 
-    def _tree_swa(self, node: TreeNode, lo: int, hi: int) -> torch.Tensor:
-        """The tree's SWA slots for tokens ``[lo, hi)`` on the path ending at ``node``."""
-        parts: list[torch.Tensor] = []
-        while node.parent is not None and node.seq_len > lo:
-            start = node.seq_len - (len(node.key) >> 2)
-            a, b = max(lo, start), min(hi, node.seq_len)
-            full = node.values[0]
-            if b > a and full is not None:
-                parts.append(self.allocator.translate_full_to_swa(full[a - start : b - start]))
-            node = node.parent
-        parts.reverse()
-        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+def _full_slots(load: ComponentLoad) -> torch.Tensor:
+    full = load.full.device_indices
+    assert full is not None and load.full.name is PoolName.KV, "an SWA load without FULL slots"
+    return full

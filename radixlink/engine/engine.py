@@ -233,7 +233,7 @@ class Engine:
                            load_failed=True)
         seq.kv[: out.prefix_len] = out.device_indices
         if self._swa_cached:
-            seq.swa = self.cache.swa_slots(seq.kv)
+            seq.swa = self.cache.hybrid.swa_slots(seq.kv)
         return _Prefix(out.device_indices, out.prefix_len - out.loaded_len, out.loaded_len,
                        out.lock, load_s=waited, landing=prefix.landing)
 
@@ -272,7 +272,7 @@ class Engine:
         end (match and load only report the tree's); without one, recompute from scratch."""
         if self._states is None or not prefix.slots.numel():
             return prefix
-        prefix.state_slot = self.cache.copy_state(node)
+        prefix.state_slot = self.cache.hybrid.copy_state(node)
         if prefix.state_slot is None:  # every state is held or locked: recompute
             self._release(prefix)
             return _Prefix(self._empty, 0, 0, None, load_failed=prefix.load_failed)
@@ -287,22 +287,22 @@ class Engine:
             return None
         state, snapshot = prefix.state_slot, None
         if self._states is not None:
-            state = cache.alloc_state() if state is None else state
-            snapshot = cache.alloc_state()
+            state = cache.hybrid.alloc_state() if state is None else state
+            snapshot = cache.hybrid.alloc_state()
             if state is None or snapshot is None:
                 for slot in (state, snapshot):
                     if slot is not None and slot != prefix.state_slot:
-                        cache.free_state(slot)
+                        cache.hybrid.free_state(slot)
                 cache.free(new)
                 return None
         kv = torch.cat([prefix.slots, new])
-        swa = cache.swa_slots(kv) if self._swa_cached else kv
+        swa = cache.hybrid.swa_slots(kv) if self._swa_cached else kv
         return _Seq(kv, swa, 1 if state is None else state, snapshot)
 
     def _release(self, prefix: _Prefix) -> None:
         """Give back what a prefix holds (its lock and its Mamba state copy)."""
         if prefix.state_slot is not None:
-            self.cache.free_state(prefix.state_slot)
+            self.cache.hybrid.free_state(prefix.state_slot)
         self._unlock(prefix.lock)
 
     def _forward(self, seq: _Seq, token_ids: torch.Tensor, start: int,
@@ -366,9 +366,9 @@ class Engine:
         if seq.kv.numel() > n:
             self.cache.free(seq.kv[n:])
         if self._states is not None:
-            self.cache.free_state(seq.state)
+            self.cache.hybrid.free_state(seq.state)
             if keep is None and seq.snapshot is not None:
-                self.cache.free_state(seq.snapshot)
+                self.cache.hybrid.free_state(seq.snapshot)
         self._unlock(lock)
 
     def _unlock(self, lock: Any) -> None:

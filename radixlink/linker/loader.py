@@ -6,7 +6,7 @@ Owns the load lifecycle: what a lookup found (``RememberedLookups``), loads in f
 the ``LoadOutcome`` / ``Landing`` records (``outcomes.py``) each member gets.
 Built from the linker's ``LinkerParts`` and the ``Offloader`` (which owns offload completions
 and the stored index's marks); never reaches the ``ExternalCacheLinker`` facade. Reaches the
-tree only through the cache's public facade (``peek_prefix``, ``insert_loaded`` via
+tree only through the cache's public facade (``match_prefix(touch=False)``, ``insert_loaded`` via
 ``publish``, ``lock`` / ``unlock``) and the components' linker hooks.
 """
 
@@ -225,9 +225,6 @@ class Loader:
                     self.parts.stored.discard(t.name, t.keys)
         reason = "" if ok else failure_reason(done, transfer, self.closed)
         if ok:
-            lookup = reservation.lookup  # NOTE: the publish's insert reuses the lookup's hashes
-            self.page_hashes.remember(lookup.namespace, lookup.tokens.tobytes(),
-                                      lookup.prefix_len // self.parts.page_size, lookup.keys)
             try:
                 publish(cache, cache.components, reservation)
             except ValueError as exc:  # the insert refused before changing anything
@@ -284,7 +281,7 @@ def success_outcomes(cache: Any, transfer: Transfer) -> list[LoadOutcome]:
     """Per member of a published transfer: the restored prefix (read-only peek), a lock on it
     taken for the member, and the member's own lock on its device prefix released."""
     lookup = transfer.reservation.lookup
-    match = cache.peek_prefix(lookup.tokens, namespace=lookup.namespace)
+    match = cache.match_prefix(lookup.tokens, namespace=lookup.namespace, touch=False)
     loaded_len = max(0, match.prefix_len - lookup.prefix_len)
     out = []
     for member in transfer.members:

@@ -27,7 +27,7 @@ class LoadOutcome:
             On failure, the device prefix the request had when it called ``load``.
         device_indices: the tree's canonical full-pool slots for ``[0, prefix_len)``.
         last_node: where that prefix ends (on a MAMBA cache, take the request's own state with
-            ``cache.copy_state(last_node)`` when ``prefix_len > 0``).
+            ``cache.hybrid.copy_state(last_node)`` when ``prefix_len > 0``).
         lock: the lock on ``last_node`` taken for the caller; pass it to ``cache.unlock``.
         loaded_len: tokens that came from the store (0 on failure).
         match: a read-only match of the restored prefix (SWA window slots, the tree's Mamba

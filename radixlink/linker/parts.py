@@ -129,7 +129,7 @@ class LinkerParts:
 
     def store_keys(self, transfer: PoolTransfer, namespace: Any = None) -> list[str]:
         """Store keys of a transfer's pages: version / namespace / hash / pool [/ rank], in the
-        resolved ``namespace`` (``cache.resolve_namespace``)."""
+        resolved ``namespace`` (``hashing.layer_namespaces`` on the cache's)."""
         return self.keyspace.keys(transfer.name, namespace, transfer.keys)
 
     def codec(self, name: PoolName) -> Codec:

@@ -2,33 +2,31 @@
 and map slots, lock the device prefix), ``abort`` (release them, in reverse order) and
 ``publish`` (insert the verified pages after exactly the locked prefix, then COMMIT).
 
-The contract hooks ``build_external_linker_transfer`` / ``update_external_linker_load`` are
-called only here. Owns no state; runs on the caller's thread. Must not touch stores or threads.
+Each component's part is its typed ``ComponentLoad`` (``prepare_load`` returns it,
+``commit_load`` / ``abort_load`` take it back; the DESIGN.md hooks are adapters over these).
+Owns no state; runs on the caller's thread. Must not touch stores or threads.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from radixlink.contract import (
-    ExternalLinkerLoadPhase,
-    InsertParams,
-    InsertResult,
-    LinkerTransferPhase,
-    PoolName,
-    PoolTransfer,
-)
+from radixlink.components.base import ComponentLoad
+from radixlink.contract import InsertParams, InsertResult, PoolName, PoolTransfer
 from radixlink.linker.lookup import Lookup
 
-_PREPARE, _COMMIT, _ABORT = (
-    ExternalLinkerLoadPhase.PREPARE,
-    ExternalLinkerLoadPhase.COMMIT,
-    ExternalLinkerLoadPhase.ABORT,
-)
+logger = logging.getLogger(__name__)
+
+
+class ShortRestore(ValueError):
+    """The publish restored less than the load brought (a component published a short window
+    or no state): the load fails, loudly. The insert already took every reserved slot, so
+    there is nothing left to ABORT."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -38,7 +36,7 @@ class Reservation:
     ::
 
         tokens     |------ device prefix (locked) ------|------- loaded tail -------|
-        slots      |  device_slots: the tree's own      |  transfers[0] (FULL)     |
+        slots      |  device_slots: the tree's own      |  loads[0] (FULL)         |
                    0                               prefix_len                  len(tokens)
 
     Attributes:
@@ -46,13 +44,17 @@ class Reservation:
         device_slots: the tree's full slots of ``[0, prefix_len)`` at PREPARE, protected by
             ``handle`` until publish or abort: publish inserts exactly these, never a new match.
         handle: the reservation's own lock on the device prefix (not any member's).
-        transfers: per component, its prepared transfer (None where it takes no part).
+        loads: per component, its ``ComponentLoad`` (None where it takes no part); emptied by
+            ABORT, or by a short publish (the insert took every reserved slot then).
+        transfers: per component, the transfer its load lands in (``loads``' transfers, None
+            where it takes no part): what the worker fills and the stored marks cover.
         swa_evicted_seqlen: set by SWA's PREPARE: tokens below which the load holds no SWA.
     """
 
     lookup: Lookup
     device_slots: torch.Tensor
     handle: Any
+    loads: list[ComponentLoad | None] = field(default_factory=list)
     transfers: list[PoolTransfer | None] = field(default_factory=list)
     swa_evicted_seqlen: int = 0
 
@@ -73,7 +75,8 @@ def lock_device_prefix(cache: Any, lookup: Lookup) -> tuple[Any, torch.Tensor] |
         handle = cache.lock(lookup.last_node)
     except ValueError:
         return None
-    now = cache.peek_prefix(lookup.tokens[: lookup.prefix_len], namespace=lookup.namespace)
+    now = cache.match_prefix(lookup.tokens[: lookup.prefix_len], namespace=lookup.namespace,
+                             touch=False)
     if now.prefix_len != lookup.prefix_len:
         cache.unlock(handle)
         return None
@@ -98,39 +101,39 @@ def release(cache: Any, reservation: Reservation) -> None:
 
 
 def prepare(components: Sequence[Any], reservation: Reservation) -> bool:
-    """LOAD + PREPARE on every taking-part component (``reservation.transfers`` gets one entry
-    per component); on a refusal ABORT the prepared ones in reverse order and return False."""
-    keys, prefix = reservation.lookup.keys, reservation.prefix_len
-    full: PoolTransfer | None = None
+    """LOAD + PREPARE on every taking-part component, backbone first (``reservation.loads``
+    gets one entry per component); on a refusal ABORT the prepared ones in reverse order and
+    return False."""
+    keys = reservation.lookup.keys
     for component in components:
-        transfer = component.build_external_linker_transfer(LinkerTransferPhase.LOAD, None, keys)
-        if transfer is not None:
-            full = transfer if full is None else full
-            transfer = component.update_external_linker_load(_PREPARE, reservation, full,
-                                                             transfer, prefix)
-        reservation.transfers.append(transfer)
-        if transfer is None and component.build_external_linker_transfer(
-                LinkerTransferPhase.LOOKUP, None, keys) is not None:
-            abort(components, reservation)
-            return False
-    return full is not None
+        load = None
+        if component.takes_part_in_loads:
+            load = component.prepare_load(keys, reservation)
+            if load is None:
+                abort(components, reservation)
+                return False
+        reservation.loads.append(load)
+        reservation.transfers.append(None if load is None else load.transfer)
+    return reservation.full is not None
 
 
 def abort(components: Sequence[Any], reservation: Reservation) -> None:
-    """ABORT every prepared transfer, last component first; frees what PREPARE reserved."""
-    full = reservation.full
-    for component, transfer in reversed(list(zip(components, reservation.transfers))):
-        if transfer is not None:
-            component.update_external_linker_load(_ABORT, reservation, full, transfer,
-                                                  reservation.prefix_len)
-    reservation.transfers = []
+    """ABORT every prepared load, last component first; frees what PREPARE reserved."""
+    for component, load in reversed(list(zip(components, reservation.loads))):
+        if load is not None:
+            component.abort_load(load)
+    reservation.loads, reservation.transfers = [], []
 
 
 def publish(cache: Any, components: Sequence[Any], reservation: Reservation) -> InsertResult:
     """Insert the locked device prefix plus the verified loaded slots (tracking adoption, not
-    a hit, no linker callback), then COMMIT every component to what the tree adopted.
+    a hit, no linker callback: the lookup's page keys go with it), then COMMIT every
+    component, and check the tree now serves every loaded token (the restored length is the
+    loaded length).
 
     Raises:
+        ShortRestore: the tree serves less than ``len(lookup.tokens)`` after the publish (the
+            reservation is then empty: ``release`` only unlocks); logged.
         ValueError: the insert refused (nothing changed); the caller ABORTs.
     """
     lookup, prefix, full = reservation.lookup, reservation.prefix_len, reservation.full
@@ -151,9 +154,20 @@ def publish(cache: Any, components: Sequence[Any], reservation: Reservation) -> 
         track_adopted_ranges=True,
         namespace=lookup.namespace,
     )
-    result: InsertResult = cache.insert_loaded(params)
-    for component, transfer in zip(components, reservation.transfers):
-        if transfer is not None:
-            component.update_external_linker_load(_COMMIT, reservation, full, transfer, prefix,
-                                                  insert_result=result, canonical_full=None)
+    # NOTE: the lookup's page keys, chained from the device prefix: the insert never calls
+    # the linker back for them.
+    result: InsertResult = cache.insert_loaded(
+        params, page_hashes=(prefix // cache.page_size, lookup.keys))
+    for component, load in zip(components, reservation.loads):
+        if load is not None:
+            component.commit_load(load, result)
+    served = cache.match_prefix(lookup.tokens, namespace=lookup.namespace,
+                                touch=False).prefix_len
+    if served < len(lookup.tokens):
+        reservation.loads, reservation.transfers = [], []  # NOTE: the insert took every slot
+        message = (f"restored {served} of {len(lookup.tokens)} tokens after publishing a load "
+                   f"of {len(lookup.tokens) - prefix} (a component published less than it "
+                   "loaded: a short SWA window or a missing state)")
+        logger.warning("load failure: %s", message)
+        raise ShortRestore(message)
     return result

@@ -21,7 +21,7 @@ import torch
 from radixlink.cache import UnifiedCache
 from radixlink.config import CacheConfig
 from radixlink.contract import PoolName
-from radixlink.hashing import Namespace, namespace_id
+from radixlink.hashing import Namespace, layer_namespaces, namespace_id
 from radixlink.memory.layout import KVLayout
 from radixlink.stores.codec import PageCodec
 
@@ -74,7 +74,7 @@ def write_kv(cache: UnifiedCache, slots: torch.Tensor, tokens: Any, start: int,
     comes from the namespace the request lives in: the cache's, layered with the request's)."""
     pool = cache.pool(PoolName.KV)
     assert pool is not None
-    salt = salt_of(cache.resolve_namespace(namespace))
+    salt = salt_of(layer_namespaces(cache.config.namespace, namespace))
     for layer in range(LAYOUT.num_layers):
         k, v = expected_kv(tokens, start, salt, layer)
         pool.k(layer)[slots] = k
@@ -86,7 +86,7 @@ def kv_matches(cache: UnifiedCache, slots: torch.Tensor, tokens: Any, start: int
     """Whether ``slots`` hold exactly what the model writes for ``tokens`` at ``start..``."""
     pool = cache.pool(PoolName.KV)
     assert pool is not None
-    salt = salt_of(cache.resolve_namespace(namespace))
+    salt = salt_of(layer_namespaces(cache.config.namespace, namespace))
     for layer in range(LAYOUT.num_layers):
         k, v = expected_kv(tokens, start, salt, layer)
         if not (torch.equal(pool.k(layer)[slots], k) and torch.equal(pool.v(layer)[slots], v)):

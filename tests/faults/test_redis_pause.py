@@ -45,7 +45,10 @@ class TimedCache(UnifiedCache):
         super().__init__(*args, **kwargs)
         self.match_seconds: list[float] = []
 
-    def match_prefix(self, tokens: Any, req_id: Any = None, *, namespace: Any = None) -> Any:
+    def match_prefix(self, tokens: Any, req_id: Any = None, *, namespace: Any = None,
+                     touch: bool = True) -> Any:
+        if not touch:  # the linker's own peeks (formerly ``peek_prefix``) are not timed
+            return super().match_prefix(tokens, req_id, namespace=namespace, touch=False)
         start = time.perf_counter()
         try:
             return super().match_prefix(tokens, req_id, namespace=namespace)

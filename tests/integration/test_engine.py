@@ -186,12 +186,12 @@ def test_hybrid_device_prefix_logits_match_full_prefill() -> None:
     m = cache.match_prefix(prompt)
     assert m.prefix_len == 128 and m.mamba_slot is not None
     handle = cache.lock(m.last_node)
-    state = cache.copy_state(m.last_node)
+    state = cache.hybrid.copy_state(m.last_node)
     assert state is not None
     new = cache.alloc(len(prompt) - 128)
     assert new is not None
     kv = torch.cat([m.device_indices, new])[: len(prompt)]
-    swa = cache.swa_slots(kv)
+    swa = cache.hybrid.swa_slots(kv)
     ids = torch.tensor(prompt)
     got = model(ForwardInput(token_ids=ids[128:], prefix_len=128, out_slots=kv[128:],
                              seq_slots=kv, swa_out_slots=swa[128:],
@@ -204,7 +204,7 @@ def test_hybrid_device_prefix_logits_match_full_prefill() -> None:
                                       num_swa_slots=len(prompt) + 1, num_states=1))
     assert (got - whole[128:]).abs().max().item() <= 1e-5
     cache.free(new)
-    cache.free_state(state)
+    cache.hybrid.free_state(state)
     cache.unlock(handle)
     _assert_clean(engine)
 

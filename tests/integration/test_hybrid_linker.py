@@ -4,10 +4,14 @@ restorable lengths are sparse, and failures abort with exact accounting on every
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+
 import pytest
 import torch
 from hybrid_kit import (
     KINDS,
+    PS,
     TOKENS,
     assert_exact,
     load,
@@ -18,6 +22,7 @@ from hybrid_kit import (
     window_and_state,
 )
 
+from radixlink.components.window import Window
 from radixlink.contract import PoolName, PoolTransfer
 from radixlink.linker.core import ExternalCacheLinker
 from radixlink.stores.faults import FaultyStore
@@ -149,7 +154,7 @@ def test_no_room_for_the_window_or_state_refuses_the_load(kind: str, store: Memo
     offloaded("swa+mamba", store)
     cache_b = make_cache(kind, swa_tokens=8, num_states=1)
     linker_b = ExternalCacheLinker(cache_b, store)
-    held = cache_b.alloc(8) if kind == "swa" else cache_b.alloc_state()
+    held = cache_b.alloc(8) if kind == "swa" else cache_b.hybrid.alloc_state()
     assert held is not None
     assert cache_b.match_prefix(TOKENS, req_id="r").external_hit_len == 40
     assert not linker_b.load("r")
@@ -157,7 +162,7 @@ def test_no_room_for_the_window_or_state_refuses_the_load(kind: str, store: Memo
     if isinstance(held, torch.Tensor):
         cache_b.free(held)
     else:
-        cache_b.free_state(held)
+        cache_b.hybrid.free_state(held)
     assert_exact(cache_b)
 
 
@@ -173,3 +178,73 @@ def test_swa_offload_exports_only_the_trailing_window_pages(store: MemoryStore) 
     full = linker.parts.store_keys(PoolTransfer(name=PoolName.KV, keys=hashes))
     assert store.exists(swa) == [False, False, False, True, True]
     assert all(store.exists(full))
+
+
+@pytest.mark.parametrize("mutation", ["insert", "reserve"])
+@pytest.mark.parametrize("kind", ["swa", "swa+mamba"])
+def test_a_window_published_one_page_short_is_a_counted_logged_load_failure(
+    kind: str, mutation: str, store: MemoryStore, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A publish that restores the SWA window one page short serves less than was loaded: the
+    load fails loudly (ok=False with a reason, counted, logged), never ok=True with a shorter
+    prefix; nothing stays held or locked, every pool's accounting is exact. Two mutations:
+    the insert is told the load holds no SWA for its first window page ("insert"), or SWA's
+    LOAD reserves and maps one window page fewer ("reserve")."""
+    _, _ = offloaded(kind, store)
+    cache_b = make_cache(kind)
+    linker_b = ExternalCacheLinker(cache_b, store)
+    real = cache_b.insert_loaded
+
+    def one_page_short(params, **kw):
+        return real(dataclasses.replace(params, swa_evicted_seqlen=params.swa_evicted_seqlen + PS),
+                    **kw)
+
+    if mutation == "insert":
+        monkeypatch.setattr(cache_b, "insert_loaded", one_page_short)
+    else:  # NOTE: after A's offload, so only B's LOAD sees the short window
+        monkeypatch.setattr(Window, "trailing", lambda self, n: max(0, min(self.pages, n) - 1))
+    before = linker_b.stats()
+    with caplog.at_level(logging.WARNING, logger="radixlink"):
+        m, out = load(cache_b, linker_b, TOKENS)
+    assert m.external_hit_len == 40
+    assert not out.ok and "restored" in out.reason, out
+    assert (out.prefix_len, out.loaded_len) == (0, 0)
+    after = linker_b.stats()
+    assert after["failures_load"] == before.get("failures_load", 0) + 1
+    assert after["failures_publish"] == before.get("failures_publish", 0) + 1
+    assert any("restored" in r.getMessage() for r in caplog.records)
+    assert not cache_b.tree.live_handles()
+    linker_b.flush()
+    assert_exact(cache_b)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_publish_takes_the_lookups_page_hashes_and_never_calls_the_linker_back(
+    kind: str, store: MemoryStore
+) -> None:
+    """The publishing insert gets the hashes the lookup chained from the device prefix: it
+    never asks the linker (``page_hashes_for``), and the loaded nodes carry A's hashes."""
+    cache_a, _ = offloaded(kind, store)
+    cache_b = make_cache(kind)
+    linker_b = ExternalCacheLinker(cache_b, store)
+    serve(cache_b, TOKENS[:8])  # a device prefix of 2 pages: the hashes continue its chain
+    asked: list[bytes] = []
+    real = cache_b._hashes_for
+    cache_b._hashes_for = lambda key, ns: asked.append(key) or real(key, ns)
+    m, out = load(cache_b, linker_b, TOKENS)
+    assert (m.prefix_len, out.ok, out.prefix_len) == (8, True, 40)
+    assert asked == []
+    hashes_b = [h for n in _path(cache_b.match_prefix(TOKENS).last_node) for h in n.hash_value]
+    hashes_a = [h for n in _path(cache_a.match_prefix(TOKENS).last_node) for h in n.hash_value]
+    assert hashes_b == hashes_a and len(hashes_b) == 10
+    linker_b.flush()
+    assert_exact(cache_b)
+
+
+def _path(node):
+    out = []
+    while node.parent is not None:
+        out.append(node)
+        node = node.parent
+    return out[::-1]

@@ -82,14 +82,14 @@ def test_publish_keeps_the_locked_prefix_when_no_state_slot_is_free(store) -> No
     m = cache_b.match_prefix(TOKENS, req_id="r")
     assert m.prefix_len == 20 and m.external_hit_len == 20 and linker_b.load("r")
     held = []
-    while (slot := cache_b.alloc_state()) is not None:
+    while (slot := cache_b.hybrid.alloc_state()) is not None:
         held.append(slot)
     out = finish(cache_b, linker_b, "r")
     assert out.ok and out.prefix_len == 40 and out.loaded_len == 20
     assert all(torch.equal(x, y) for x, y in zip(window_and_state(cache_b, TOKENS),
                                                  window_and_state(cache_a, TOKENS)))
     for slot in held:
-        cache_b.free_state(slot)
+        cache_b.hybrid.free_state(slot)
     linker_b.close()
     assert_exact(cache_b)
 

@@ -78,7 +78,7 @@ def write(cache: UnifiedCache, slots: torch.Tensor, tokens: list[int], start: in
         kv.k(layer)[slots] = k + layer
         kv.v(layer)[slots] = v - layer
     if swa is not None:
-        swa_slots = cache.swa_slots(slots)
+        swa_slots = cache.hybrid.swa_slots(slots)
         k, v = swa_kv(tokens[start:], start)
         for layer in range(LAYOUT.num_layers):
             swa.k(layer)[swa_slots] = k + layer
@@ -184,12 +184,12 @@ class HybridLinkerMachine(RuleBasedStateMachine):
         assert slots is not None
         states = cache.pool(PoolName.MAMBA)
         if states is not None and prefix:  # the request's own copy of the state at prefix
-            copy = cache.copy_state(node)
+            copy = cache.hybrid.copy_state(node)
             if copy is None:
                 event("copy refused: every state held or locked")
             else:
                 assert torch.equal(states.read_state(copy), state_of(tokens[:prefix]))
-                cache.free_state(copy)
+                cache.hybrid.free_state(copy)
         new = cache.alloc(len(tokens) - prefix)
         if new is None:
             event("no room")
@@ -202,8 +202,8 @@ class HybridLinkerMachine(RuleBasedStateMachine):
         if cache.pool(PoolName.SWA) is not None:  # the window moved past these pages
             evicted = max(prefix, (n - WINDOW) // PS * PS - PS)
             if evicted > prefix:
-                cache.free_swa(kv[prefix:evicted])
-        state = cache.alloc_state() if states is not None and n > prefix else None
+                cache.hybrid.free_swa(kv[prefix:evicted])
+        state = cache.hybrid.alloc_state() if states is not None and n > prefix else None
         if state is not None:
             states.write_state(state, state_of(tokens[:n]))
         cache.insert(InsertParams(key=tokens, value=kv[:n], prev_prefix_len=prefix,

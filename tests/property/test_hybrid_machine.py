@@ -198,9 +198,9 @@ class HybridMachine(RuleBasedStateMachine):
             if 0 <= hole < len(mapped):
                 gone.append(hole)
             for k in set(gone):
-                self.cache.free_swa(kv[prev + k * ps : prev + (k + 1) * ps])
+                self.cache.hybrid.free_swa(kv[prev + k * ps : prev + (k + 1) * ps])
                 mapped[k] = False
-        state = self.cache.alloc_state() if self.mamba and with_state else None
+        state = self.cache.hybrid.alloc_state() if self.mamba and with_state else None
         self.sync_eviction()
         if state is not None and self.states_pool is not None:
             self.states_pool.tensors(0)[state] = self.next_value
@@ -274,7 +274,8 @@ class HybridMachine(RuleBasedStateMachine):
         if self.swa:
             n = min(p, -(-self.window // self.ps) * self.ps)
             assert m.swa_indices is not None and bool((m.swa_indices != 0).all())
-            assert torch.equal(m.swa_indices, self.cache.swa_slots(m.device_indices[p - n :]))
+            assert torch.equal(m.swa_indices,
+                               self.cache.hybrid.swa_slots(m.device_indices[p - n :]))
             run = 0
             while run < p and tuple(key[: p - run]) in self.live:
                 run += self.ps
@@ -283,7 +284,7 @@ class HybridMachine(RuleBasedStateMachine):
             tree_slot = self.states[tuple(key[:p])]
             assert m.mamba_slot == tree_slot
             handle = self.cache.lock(m.last_node)
-            mine = self.cache.copy_state(m.last_node)  # may evict another state
+            mine = self.cache.hybrid.copy_state(m.last_node)  # may evict another state
             self.cache.unlock(handle)
             self.sync_eviction()
             if mine is None:
@@ -294,7 +295,7 @@ class HybridMachine(RuleBasedStateMachine):
                     assert bool((copy == self.state_value[tree_slot]).all())
                     copy.fill_(-1.0)  # the request writes its copy; the tree's is untouched
                     assert bool((self.states_pool.tensors(0)[tree_slot] != -1.0).all())
-                self.cache.free_state(mine)
+                self.cache.hybrid.free_state(mine)
 
     @rule(pages=PAGES)
     def lock(self, pages: list[int]) -> None:
@@ -328,7 +329,7 @@ class HybridMachine(RuleBasedStateMachine):
     def free(self, data: Any, swa_only: bool) -> None:
         slots, _ = self.held.pop(data.draw(st.integers(0, len(self.held) - 1)))
         if swa_only and self.swa:
-            self.cache.free_swa(slots)
+            self.cache.hybrid.free_swa(slots)
             self.held.append((slots, 0))
         else:
             self.cache.free(slots)
@@ -336,20 +337,20 @@ class HybridMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.mamba and len(self.held_states) < 2)
     @rule()
     def alloc_state(self) -> None:
-        slot = self.cache.alloc_state()
+        slot = self.cache.hybrid.alloc_state()
         self.sync_eviction()
         self.held_states += [] if slot is None else [slot]
 
     @precondition(lambda self: self.held_states)
     @rule()
     def free_state(self) -> None:
-        self.cache.free_state(self.held_states.pop())
+        self.cache.hybrid.free_state(self.held_states.pop())
 
     @precondition(lambda self: self.states)
     @rule(data=st.data())
     def free_tree_state(self, data: Any) -> None:
         with pytest.raises(ValueError, match="belongs to the tree"):
-            self.cache.free_state(data.draw(st.sampled_from(sorted(self.states.values()))))
+            self.cache.hybrid.free_state(data.draw(st.sampled_from(sorted(self.states.values()))))
 
     # ---------------------------------------------------------------- invariants
 

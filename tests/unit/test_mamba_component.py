@@ -38,7 +38,7 @@ def insert(cache: UnifiedCache, seq: list[int], value: float | None, prev: int =
     kv = new if m is None else torch.cat([m.device_indices, new])
     slot = None
     if value is not None:
-        slot = cache.alloc_state()
+        slot = cache.hybrid.alloc_state()
         assert slot is not None
         for i in range(states(cache).num_tensors):
             states(cache).tensors(i)[slot] = value
@@ -63,20 +63,20 @@ def test_copy_on_write_leaves_the_trees_state_untouched() -> None:
     assert m.prefix_len == 16 and m.mamba_slot == tree_slot
     assert cache.stats()["mamba_held_states"] == 0
     handle = cache.lock(m.last_node)
-    mine = cache.copy_state(m.last_node)
+    mine = cache.hybrid.copy_state(m.last_node)
     assert mine not in (None, tree_slot)
     pool = states(cache)
     for i in range(pool.num_tensors):
         assert bool((pool.tensors(i)[mine] == 1.0).all())
         pool.tensors(i)[mine] = 7.0
-    again = cache.copy_state(cache.match_prefix(list(range(16))).last_node)
+    again = cache.hybrid.copy_state(cache.match_prefix(list(range(16))).last_node)
     assert again not in (None, mine, tree_slot)
     for i in range(pool.num_tensors):
         assert bool((pool.tensors(i)[again] == 1.0).all())
         assert bool((pool.tensors(i)[tree_slot] == 1.0).all())
     assert cache.stats()["mamba_held_states"] == 2
-    cache.free_state(mine)
-    cache.free_state(again)
+    cache.hybrid.free_state(mine)
+    cache.hybrid.free_state(again)
     cache.unlock(handle)
     cache.check_invariants()
 
@@ -148,12 +148,12 @@ def test_state_slots_are_evicted_for_requests_and_locks_protect_them() -> None:
     m = cache.match_prefix(list(range(8)))
     assert m.prefix_len == 8 and cache.stats()["mamba_cached_states"] == 2  # read-only
     handle = cache.lock(m.last_node)
-    mine = cache.copy_state(m.last_node)  # needs a slot: evicts the other state
+    mine = cache.hybrid.copy_state(m.last_node)  # needs a slot: evicts the other state
     assert mine is not None and cache.stats()["mamba_cached_states"] == 1
-    assert cache.alloc_state() is None and cache.copy_state(m.last_node) is None
+    assert cache.hybrid.alloc_state() is None and cache.hybrid.copy_state(m.last_node) is None
     again = cache.match_prefix(list(range(8)))
     assert again.prefix_len == 8 and again.mamba_slot == m.mamba_slot
-    cache.free_state(mine)
+    cache.hybrid.free_state(mine)
     cache.unlock(handle)
     cache.check_invariants()
 
@@ -194,19 +194,19 @@ def test_mamba_misuse_raises() -> None:
     result = insert(cache, list(range(8)), 1.0)
     tree_slot = result.last_node.values[1]
     with pytest.raises(ValueError, match="belongs to the tree"):
-        cache.free_state(tree_slot)
-    held = cache.alloc_state()
+        cache.hybrid.free_state(tree_slot)
+    held = cache.hybrid.alloc_state()
     kv = cache.alloc(10)
     assert held is not None and kv is not None
     with pytest.raises(ValueError, match="whole pages"):
         cache.insert(InsertParams(key=list(range(10)), value=kv[:10], mamba_value=held))
     with pytest.raises(ValueError, match="belongs to the tree"):
         cache.insert(InsertParams(key=list(range(8)), value=kv[:8], mamba_value=tree_slot))
-    cache.free_state(held)
+    cache.hybrid.free_state(held)
     with pytest.raises(ValueError, match="not allocated"):
-        cache.free_state(held)
+        cache.hybrid.free_state(held)
     with pytest.raises(ValueError, match="no MAMBA"):
-        UnifiedCache(CacheConfig(page_size=4, num_tokens=32)).alloc_state()
+        UnifiedCache(CacheConfig(page_size=4, num_tokens=32)).hybrid.alloc_state()
     cache.free(kv)
     cache.check_invariants()
 
@@ -218,9 +218,9 @@ def test_full_swa_mamba_together() -> None:
                                      mamba_num_states=4))
     assert cache.pool("mamba") is None
     kv = cache.alloc(16)
-    state = cache.alloc_state()
+    state = cache.hybrid.alloc_state()
     assert kv is not None and state is not None
-    cache.free_swa(kv[:12])
+    cache.hybrid.free_swa(kv[:12])
     result = cache.insert(InsertParams(key=list(range(16)), value=kv, swa_evicted_seqlen=12,
                                        mamba_value=state, track_adopted_ranges=True))
     assert result.adopted_ranges == {FULL: [(0, 16)], SWA: [(12, 16)], MAMBA: [(12, 16)]}
@@ -233,7 +233,7 @@ def test_full_swa_mamba_together() -> None:
 def test_no_prefix_cache_frees_the_state() -> None:
     """NoPrefixCache hands out and takes back state slots; insert frees mamba_value."""
     cache = NoPrefixCache(CacheConfig(page_size=4, num_tokens=32, mamba_num_states=2))
-    slot = cache.alloc_state()
+    slot = cache.hybrid.alloc_state()
     kv = cache.alloc(8)
     assert slot is not None and kv is not None
     cache.insert(InsertParams(key=list(range(8)), value=kv, mamba_value=slot))

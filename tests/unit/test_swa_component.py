@@ -33,7 +33,7 @@ def insert(cache: UnifiedCache, seq: list[int], *, prev: int = 0, sev: int = 0,
         kv = torch.cat([cache.match_prefix(seq).device_indices[:prev], new])
     drop = max(0, sev // 4 * 4 - prev)
     if drop:
-        cache.free_swa(kv[prev : prev + drop])
+        cache.hybrid.free_swa(kv[prev : prev + drop])
     result = cache.insert(InsertParams(key=seq, value=kv, prev_prefix_len=prev,
                                        swa_evicted_seqlen=sev, track_adopted_ranges=True))
     cache.check_invariants()
@@ -49,11 +49,12 @@ def test_alloc_maps_swa_pages_and_free_returns_both() -> None:
     cache = make(swa_tokens=32)
     slots = cache.alloc(10)
     assert slots is not None and len(slots) == 12
-    swa = cache.swa_slots(slots)
+    swa = cache.hybrid.swa_slots(slots)
     assert bool((swa != 0).all()) and torch.unique(swa).numel() == 12
     assert cache.stats()["swa_held_tokens"] == 12
-    cache.free_swa(slots[:4])
-    assert cache.stats()["swa_held_tokens"] == 8 and bool((cache.swa_slots(slots[:4]) == 0).all())
+    cache.hybrid.free_swa(slots[:4])
+    assert cache.stats()["swa_held_tokens"] == 8
+    assert bool((cache.hybrid.swa_slots(slots[:4]) == 0).all())
     cache.free(slots)
     stats = cache.stats()
     assert stats["held_tokens"] == 0 and stats["swa_held_tokens"] == 0
@@ -69,7 +70,7 @@ def test_match_returns_the_window_and_its_live_length() -> None:
     insert(cache, seq)
     m = cache.match_prefix(seq)
     assert m.prefix_len == 20 and m.swa_live_len == 20
-    assert torch.equal(m.swa_indices, cache.swa_slots(m.device_indices[-8:]))
+    assert torch.equal(m.swa_indices, cache.hybrid.swa_slots(m.device_indices[-8:]))
 
 
 @pytest.mark.parametrize(("window", "expected"), [(4, 16), (6, 0), (8, 0)])
@@ -95,12 +96,12 @@ def test_insert_beyond_swa_evicted_seqlen() -> None:
     seq = list(range(21))
     kv = cache.alloc(21)
     assert kv is not None
-    cache.free_swa(kv[:8])
+    cache.hybrid.free_swa(kv[:8])
     result = cache.insert(InsertParams(key=seq, value=kv[:20], swa_evicted_seqlen=10,
                                        track_adopted_ranges=True))
     cache.free(kv[20:])
     assert result.adopted_ranges == {FULL: [(0, 20)], SWA: [(12, 20)]}
-    assert bool((cache.swa_slots(kv[:12]) == 0).all())
+    assert bool((cache.hybrid.swa_slots(kv[:12]) == 0).all())
     stats = cache.stats()
     assert stats["swa_held_tokens"] == 0 and stats["swa_cached_tokens"] == 8
     assert cache.match_prefix(seq).prefix_len == 20
@@ -114,7 +115,7 @@ def test_a_hole_in_the_callers_swa_pages_moves_the_live_start() -> None:
     seq = list(range(16))
     kv = cache.alloc(16)
     assert kv is not None
-    cache.free_swa(kv[4:8])
+    cache.hybrid.free_swa(kv[4:8])
     result = insert(cache, seq, kv=kv)
     assert result.adopted_ranges == {FULL: [(0, 16)], SWA: [(8, 16)]}
     assert cache.stats()["swa_held_tokens"] == 0
@@ -158,12 +159,12 @@ def test_heal_of_a_locked_node_remaps_instead_of_replacing() -> None:
     handle = cache.lock(m.last_node)
     kv = cache.alloc(16)
     assert kv is not None
-    caller_swa = cache.swa_slots(kv[:8]).clone()
+    caller_swa = cache.hybrid.swa_slots(kv[:8]).clone()
     result = insert(cache, a, kv=kv)
     assert result.adopted_ranges == {SWA: [(0, 8)]}
     after = cache.match_prefix(a)
     assert torch.equal(after.device_indices, m.device_indices) and after.swa_live_len == 16
-    assert torch.equal(cache.swa_slots(after.device_indices[:8]), caller_swa)
+    assert torch.equal(cache.hybrid.swa_slots(after.device_indices[:8]), caller_swa)
     stats = cache.stats()
     assert stats["held_tokens"] == 0 and stats["swa_held_tokens"] == 0
     cache.unlock(handle)
@@ -235,12 +236,12 @@ def test_swa_misuse_raises() -> None:
     insert(cache, list(range(8)))
     owned = cache.match_prefix(list(range(8))).device_indices
     with pytest.raises(ValueError, match="tree owns"):
-        cache.free_swa(owned)
+        cache.hybrid.free_swa(owned)
     with pytest.raises(ValueError, match="tree owns"):
         cache.free(owned)
     full_only = UnifiedCache(CacheConfig(page_size=4, num_tokens=32))
     with pytest.raises(ValueError, match="no SWA component"):
-        full_only.swa_slots(owned)
+        full_only.hybrid.swa_slots(owned)
     with pytest.raises(ValueError, match="no SWA"):
         full_only.evict(EvictParams(swa_num_tokens=4))
     cache.check_invariants()
@@ -271,8 +272,8 @@ def test_swa_pool_and_no_prefix_cache() -> None:
     nocache = NoPrefixCache(CacheConfig(page_size=4, num_tokens=32, sliding_window=4,
                                         swa_num_tokens=16))
     kv = nocache.alloc(10)
-    assert kv is not None and bool((nocache.swa_slots(kv) != 0).all())
-    nocache.free_swa(kv[:4])
+    assert kv is not None and bool((nocache.hybrid.swa_slots(kv) != 0).all())
+    nocache.hybrid.free_swa(kv[:4])
     nocache.insert(InsertParams(key=list(range(10)), value=kv[:8]))
     nocache.free(kv[8:])
     nocache.check_invariants()

@@ -158,7 +158,8 @@ def _tombstone(cache: UnifiedCache, node: TreeNode) -> None:
     full = cache.components[0]
     assert isinstance(full, FullComponent)
     effects = Effects(len(cache.components))
-    full.drop(node, effects)
+    assert node.lock_refs[0] == 0, f"tombstone of locked {node}"
+    cache.tree.tombstone(node, 0, effects)  # every other component's data there goes too
     full.apply(effects)
 
 
