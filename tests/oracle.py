@@ -29,6 +29,7 @@ BASES = np.array([916_789, 611_953], dtype=np.int64)
 _POOL_CODE = {PoolName.KV: 1, PoolName.SWA: 2}
 _powers = np.ones((1, 2), dtype=np.int64)  # _powers[j] = BASES**j mod PRIMES, grown on demand
 _seeds: dict[str, np.ndarray] = {}
+_codes: dict[tuple[Any, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
 Hash = np.ndarray
 """``int64 [2]``: the two rolling hashes after some prefix (the namespace's seed when empty)."""
@@ -79,17 +80,25 @@ def after(history: Any, resolved: Any) -> Hash:
     return rows[-1] if rows.shape[0] else seed(resolved)
 
 
-def kv_of(rows: np.ndarray, pool: PoolName, layer: int, which: int,
+def kv_of(rows: np.ndarray, pool: PoolName, num_layers: int,
           shape: tuple[int, ...]) -> torch.Tensor:
-    """``float32 [n, *shape]``: K (``which`` 0) or V (1) of ``pool``'s ``layer`` at the
-    positions whose hashes are ``rows``. Head ``j`` carries hash ``j % 2`` plus an offset
-    naming (pool, layer, K|V, head); every value is an integer < 2**20."""
+    """``float32 [2, num_layers, n, *shape]``: K (row 0) and V (row 1) of ``pool``'s layers at
+    the positions whose hashes are ``rows``, laid out as a pool's storage. Head ``j`` carries
+    hash ``j % 2`` plus an offset naming (pool, layer, K|V, head); every value is an integer
+    below 2**20."""
     heads = shape[0]
-    j = np.arange(heads)
-    code = ((_POOL_CODE[pool] * 64 + layer) * 2 + which) * 7919 + j * 104_729
-    vals = (rows[:, j % 2] + code[None, :]) % PRIMES[j % 2][None, :]
+    key = (pool, num_layers, heads)
+    if key not in _codes:
+        j = np.arange(heads)
+        which = np.arange(2)[:, None, None]
+        layer = np.arange(num_layers)[None, :, None]
+        code = ((_POOL_CODE[pool] * 64 + layer) * 2 + which) * 7919 + j * 104_729
+        _codes[key] = (j % 2, code[:, :, None, :], PRIMES[j % 2])  # code: [2, L, 1, heads]
+    pick, code, primes = _codes[key]
+    vals = (rows[:, pick] + code) % primes
     out = torch.from_numpy(vals.astype(np.float32))
-    return out.reshape(out.shape[0], heads, *([1] * (len(shape) - 1))).expand(-1, *shape)
+    return out.view(*out.shape, *([1] * (len(shape) - 1))).expand(
+        2, num_layers, rows.shape[0], *shape)
 
 
 def state_of(h: Hash, n: int, nbytes: int) -> torch.Tensor:
@@ -110,21 +119,24 @@ def _pools(cache: Any) -> list[tuple[PoolName, Any]]:
             if (pool := cache.pool(name)) is not None]
 
 
+def _expected(pool: Any, name: PoolName, rows: np.ndarray) -> torch.Tensor:
+    return kv_of(rows, name, pool.layout.num_layers, tuple(pool.k(0).shape[1:]))
+
+
 def _write_rows(pool: Any, name: PoolName, slots: torch.Tensor, rows: np.ndarray) -> None:
+    want = _expected(pool, name, rows)
     for layer in range(pool.layout.num_layers):
-        for which, tensor in enumerate((pool.k(layer), pool.v(layer))):
-            tensor[slots] = kv_of(rows, name, layer, which, tuple(tensor.shape[1:]))
+        pool.k(layer)[slots] = want[0, layer]
+        pool.v(layer)[slots] = want[1, layer]
 
 
 def _rows_match(pool: Any, name: PoolName, slots: torch.Tensor, rows: np.ndarray) -> bool:
     if slots.numel() != rows.shape[0]:
         return False
-    for layer in range(pool.layout.num_layers):
-        for which, tensor in enumerate((pool.k(layer), pool.v(layer))):
-            if not torch.equal(tensor[slots], kv_of(rows, name, layer, which,
-                                                    tuple(tensor.shape[1:]))):
-                return False
-    return True
+    want = _expected(pool, name, rows)
+    return all(torch.equal(pool.k(layer)[slots], want[0, layer])
+               and torch.equal(pool.v(layer)[slots], want[1, layer])
+               for layer in range(pool.layout.num_layers))
 
 
 def write(cache: Any, slots: torch.Tensor, history: Any, start: int,

@@ -64,7 +64,7 @@ def test_vectorised_hashes_equal_the_scalar_definition() -> None:
 def test_values_are_small_integers_exact_in_float32() -> None:
     rows = oracle.hashes(list(range(5000)), None)
     for pool in (PoolName.KV, PoolName.SWA):
-        k = oracle.kv_of(rows, pool, 1, 0, (2, 8))
+        k = oracle.kv_of(rows, pool, 2, (2, 8))
         assert k.dtype == torch.float32 and float(k.max()) < 2**20 and float(k.min()) >= 0
         assert torch.equal(k, k.double().round().float())
 
