@@ -191,7 +191,8 @@ class HybridLinkerMachine(RuleBasedStateMachine):
         if cold:
             self.cache.evict(len(tokens))
         m = self.cache.match_prefix(tokens, req_id=rid)
-        calm = faults_off(self.faulty) and not self.pending
+        calm = (faults_off(self.faulty) and not self.pending
+                and not self.linker.stats()["loads_in_flight"])  # nothing to join or wait on
         if m.external_hit_len and self.linker.load(rid):
             out = self.linker.wait_load(rid)
             event(f"request load {'ok' if out.ok else 'failed'}")
