@@ -1,9 +1,10 @@
 """Shared kit of the hybrid linker tests: FULL / SWA / MAMBA caches with real pools, a
-deterministic "model" (K/V, SWA K/V and states per token and position), one-request flows and
-the exact-accounting check. Owns nothing of the library."""
+deterministic "model" (tests/oracle.py: K/V, SWA K/V and states as functions of the whole
+prefix), one-request flows and the exact-accounting check. Owns nothing of the library."""
 
 from __future__ import annotations
 
+import oracle
 import serving
 import torch
 
@@ -33,22 +34,14 @@ def make_cache(kind: str, swa_tokens: int = 256, num_states: int = 16) -> Unifie
 
 
 def fill(cache: UnifiedCache, slots: torch.Tensor, tokens: list[int], start: int) -> None:
-    """Deterministic full K/V and SWA K/V per (token, position) for ``tokens[start:]``."""
-    data = torch.tensor(tokens[start:], dtype=torch.float32)[:, None, None]
-    pos = torch.arange(start, len(tokens), dtype=torch.float32)[:, None, None]
-    kv, swa = cache.pool(PoolName.KV), cache.pool(PoolName.SWA)
-    swa_slots = None if swa is None else cache.hybrid.swa_slots(slots)
-    for layer in range(LAYOUT.num_layers):
-        kv.k(layer)[slots] = (data * 10 + pos + layer).expand(-1, 2, 8)
-        kv.v(layer)[slots] = (-data - pos - layer).expand(-1, 2, 8)
-        if swa is not None:
-            swa.k(layer)[swa_slots] = (data * 7 + pos * 3 + layer).expand(-1, 2, 8)
-            swa.v(layer)[swa_slots] = (data - pos * 5 - layer).expand(-1, 2, 8)
+    """The model's full K/V and SWA K/V for positions ``start..`` of ``tokens`` at ``slots``
+    (tests/oracle.py: a function of the whole prefix and the namespace)."""
+    oracle.write(cache, slots, tokens, start)
 
 
-def state_bytes(n: int) -> torch.Tensor:
-    """The recurrent state after ``n`` tokens (as bytes): distinct per boundary."""
-    return ((torch.arange(STATE.state_bytes) * 3 + n) % 251).to(torch.uint8)
+def state_bytes(cache: UnifiedCache, tokens: list[int]) -> torch.Tensor:
+    """The recurrent state after ``tokens`` (as bytes): a function of the whole prefix."""
+    return oracle.state(cache, tokens)
 
 
 def serve(cache: UnifiedCache, tokens: list[int]) -> None:
@@ -56,7 +49,7 @@ def serve(cache: UnifiedCache, tokens: list[int]) -> None:
     states = cache.pool(PoolName.MAMBA) is not None
     served = serving.serve(cache, tokens,
                            compute=lambda c, kv, t, start: fill(c, kv[start:], t, start),
-                           state=(lambda t: state_bytes(len(t))) if states else None)
+                           state=(lambda t: state_bytes(cache, t)) if states else None)
     assert served.insert is not None, "no room for the request"
 
 
@@ -78,12 +71,14 @@ def matched(cache: UnifiedCache, tokens: list[int]) -> int:
 
 
 def assert_exact(cache: UnifiedCache) -> None:
-    """Invariants hold and no pool has a slot held by anyone but the tree."""
+    """Invariants hold, no pool has a slot held by anyone but the tree, and every node holds
+    the model's data for its whole path (full K/V, live SWA suffix, state)."""
     cache.check_invariants()
     stats = cache.stats()
     assert stats["held_tokens"] == 0, stats
     assert stats.get("swa_held_tokens", 0) == 0, stats
     assert stats.get("mamba_held_states", 0) == 0, stats
+    oracle.verify_tree(cache)
 
 
 def offloaded(kind: str, store: MemoryStore) -> tuple[UnifiedCache, ExternalCacheLinker]:

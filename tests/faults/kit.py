@@ -1,6 +1,7 @@
-"""Shared kit of the reliability tests: a small KV layout, a deterministic "model" that writes
-K/V per (namespace, token, position), one-request flows through cache + linker, and the checks
-every fault case ends with (invariants, exact accounting, no unverified page in the tree).
+"""Shared kit of the reliability tests: a small KV layout, a deterministic "model" whose K/V
+depend on the whole token prefix and the namespace (tests/oracle.py), one-request flows through
+cache + linker, and the checks every fault case ends with (invariants, exact accounting, no
+unverified page in the tree).
 
 Owns nothing of the library; used by tests/faults, tests/property and tests/integration.
 """
@@ -14,14 +15,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import oracle
 import serving
 import torch
 
 from radixlink.cache import UnifiedCache
 from radixlink.config import CacheConfig
 from radixlink.contract import PoolName
-from radixlink.hashing import Namespace, layer_namespaces, namespace_id
+from radixlink.hashing import Namespace
 from radixlink.memory.layout import KVLayout
 from radixlink.stores.codec import PageCodec
 
@@ -49,49 +50,19 @@ def kv_codec() -> PageCodec:
 # ---------------------------------------------------------------- the deterministic "model"
 
 
-def salt_of(namespace: Any) -> float:
-    """A per-namespace constant the model writes into head 1: pages of one namespace served
-    to another would carry the wrong salt."""
-    return float(int(namespace_id(namespace), 16) % 997 + 1)
-
-
-def expected_kv(tokens: Any, start: int, salt: float, layer: int) -> tuple[torch.Tensor, ...]:
-    """K and V ``[n, 2, 8]`` the model writes for ``tokens`` at positions ``start..``."""
-    tok = torch.as_tensor(np.asarray(tokens, dtype=np.int64), dtype=torch.float32)
-    pos = torch.arange(start, start + tok.numel(), dtype=torch.float32)
-    k = torch.empty(tok.numel(), 2, 8)
-    v = torch.empty(tok.numel(), 2, 8)
-    k[:, 0, :] = (tok * 10 + pos + layer)[:, None]
-    k[:, 1, :] = salt + layer
-    v[:, 0, :] = (-tok - pos - layer)[:, None]
-    v[:, 1, :] = -salt
-    return k, v
-
-
 def write_kv(cache: UnifiedCache, slots: torch.Tensor, tokens: Any, start: int,
              namespace: Any = None) -> None:
-    """What a model writes at ``slots`` for ``tokens`` at positions ``start..`` (its salt
-    comes from the namespace the request lives in: the cache's, layered with the request's)."""
-    pool = cache.pool(PoolName.KV)
-    assert pool is not None
-    salt = salt_of(layer_namespaces(cache.config.namespace, namespace))
-    for layer in range(LAYOUT.num_layers):
-        k, v = expected_kv(tokens, start, salt, layer)
-        pool.k(layer)[slots] = k
-        pool.v(layer)[slots] = v
+    """What a model writes at ``slots`` for positions ``start..len(tokens)`` of the request's
+    whole token list ``tokens`` (tests/oracle.py: K/V depend on the whole prefix and on the
+    namespace the request lives in, the cache's layered with the request's)."""
+    oracle.write(cache, slots, tokens, start, namespace)
 
 
 def kv_matches(cache: UnifiedCache, slots: torch.Tensor, tokens: Any, start: int,
                namespace: Any = None) -> bool:
-    """Whether ``slots`` hold exactly what the model writes for ``tokens`` at ``start..``."""
-    pool = cache.pool(PoolName.KV)
-    assert pool is not None
-    salt = salt_of(layer_namespaces(cache.config.namespace, namespace))
-    for layer in range(LAYOUT.num_layers):
-        k, v = expected_kv(tokens, start, salt, layer)
-        if not (torch.equal(pool.k(layer)[slots], k) and torch.equal(pool.v(layer)[slots], v)):
-            return False
-    return True
+    """Whether ``slots`` hold exactly what the model writes for positions
+    ``start..len(tokens)`` of the whole token list ``tokens``."""
+    return oracle.kv_matches(cache, slots, tokens, start, namespace)
 
 
 # ---------------------------------------------------------------- checks
@@ -99,19 +70,8 @@ def kv_matches(cache: UnifiedCache, slots: torch.Tensor, tokens: Any, start: int
 
 def verify_tree(cache: UnifiedCache) -> None:
     """No unverified page in the tree: every cached page holds exactly the K/V the model wrote
-    for its tokens, positions and namespace."""
-    for root in cache.tree.roots():
-        stack = list(root.children.values())
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            slots = node.values[0]
-            if slots is None:
-                continue
-            tokens = np.frombuffer(node.key, dtype="<u4")
-            assert kv_matches(cache, slots, tokens, node.start, root.namespace), (
-                f"{node}: K/V differ from what the model wrote (an unverified page)"
-            )
+    for its node's whole path (root to node end) in its root's namespace."""
+    oracle.verify_tree(cache)
 
 
 def assert_exact(cache: UnifiedCache, *, locks: int = 0) -> None:
@@ -153,7 +113,7 @@ def _model(namespace: Any) -> serving.Compute:
     """The "model" of a request in ``namespace``: it first checks the reused prefix."""
     def compute(cache: Any, kv: torch.Tensor, tokens: list[int], start: int) -> None:
         assert kv_matches(cache, kv[:start], tokens[:start], 0, namespace), "served wrong K/V"
-        write_kv(cache, kv[start:], tokens[start:], start, namespace)
+        write_kv(cache, kv[start:], tokens, start, namespace)
     return compute
 
 

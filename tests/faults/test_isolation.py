@@ -53,7 +53,7 @@ def test_one_cache_keeps_identical_tokens_of_each_namespace_apart() -> None:
     assert torch.unique(torch.cat(slots)).numel() == 40 * len(namespaces)
     assert cache.match_prefix(TOKENS).prefix_len == 0
     assert cache.match_prefix(TOKENS, namespace=REQUEST_NS).prefix_len == 0
-    assert_exact(cache)  # verify_tree: every root's pages carry their own namespace's salt
+    assert_exact(cache)  # verify_tree: every root's pages carry their own namespace's K/V
 
 
 @pytest.mark.parametrize("field", sorted(VARIANTS))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import oracle
 import pytest
 import serving
 import torch
@@ -27,13 +28,9 @@ def make_cache(num_tokens: int = 256) -> UnifiedCache:
 
 
 def fill_kv(cache: UnifiedCache, slots: torch.Tensor, tokens: list[int], start: int) -> None:
-    """Deterministic K/V per (token, position) for ``tokens[start:]``: what a model writes."""
-    pool = cache.pool(PoolName.KV)
-    data = torch.tensor(tokens[start:], dtype=torch.float32)[:, None, None]
-    pos = torch.arange(start, len(tokens), dtype=torch.float32)[:, None, None]
-    for layer in range(LAYOUT.num_layers):
-        pool.k(layer)[slots] = (data * 10 + pos + layer).expand(-1, 2, 8)
-        pool.v(layer)[slots] = (-data - pos - layer).expand(-1, 2, 8)
+    """What a model writes for positions ``start..`` of ``tokens`` at ``slots``: K/V that
+    depend on the whole prefix and the namespace (tests/oracle.py)."""
+    oracle.write(cache, slots, tokens, start)
 
 
 def serve(cache: UnifiedCache, tokens: list[int]) -> None:

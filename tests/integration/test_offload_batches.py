@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
+import oracle
 import serving
 import torch
 
@@ -33,13 +34,9 @@ def make_cache(num_tokens: int = 256) -> UnifiedCache:
 
 
 def fill(cache: UnifiedCache, kv: torch.Tensor, tokens: list[int], start: int) -> None:
-    """What a model writes at ``kv[start:]``: values that name the token and position."""
-    pool = cache.pool(PoolName.KV)
-    data = torch.tensor(tokens[start:], dtype=torch.float32)[:, None, None]
-    pos = torch.arange(start, len(tokens), dtype=torch.float32)[:, None, None]
-    for layer in range(LAYOUT.num_layers):
-        pool.k(layer)[kv[start:]] = (data * 10 + pos + layer).expand(-1, 2, 8)
-        pool.v(layer)[kv[start:]] = (-data - pos - layer).expand(-1, 2, 8)
+    """What a model writes at ``kv[start:]``: values that name the whole prefix and the
+    namespace (tests/oracle.py)."""
+    oracle.write(cache, kv[start:], tokens, start)
 
 
 def serve(cache: UnifiedCache, tokens: list[int], **kw: object) -> serving.Served:

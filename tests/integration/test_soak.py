@@ -75,7 +75,7 @@ class Engine:
                 counts["no_room"] += 1
                 return
             kv = torch.cat([slots, new])
-            write_kv(self.cache, kv[prefix : len(tokens)], tokens[prefix:], prefix)
+            write_kv(self.cache, kv[prefix : len(tokens)], tokens, prefix)
             n = len(tokens) // PS * PS
             self.cache.insert(InsertParams(key=tokens, value=kv[:n], prev_prefix_len=prefix))
             if kv.shape[0] > n:

@@ -7,8 +7,12 @@ and diverge from common page prefixes, loads left in flight (polled, waited for,
 cancelled), reads of a match, evictions of each pool, locks, the store losing pages and fault
 knobs. After every step:
   (a) every page the tree holds (full K/V, the live SWA window, each node's state) is exactly
-      what the model wrote for those tokens at those positions: what the offloading peer held;
+      what the model wrote for the node's whole path (tests/oracle.py): what the peer held;
   (c) a match changes nothing but recency (same nodes, values, counters);
+  (d) a published load serves, under its lock, exactly the model's full K/V, SWA window and
+      state of its prefix;
+  (e) a published load restores everything its lookup found (device prefix + store hit), and
+      with no fault armed and nothing else in flight a load does not fail;
 and at the end (b): after close and evicting everything, every pool hands out its whole
 capacity (nothing held, nothing leaked).
 """
@@ -18,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import hypothesis.strategies as st
-import numpy as np
+import oracle
 import torch
 from hybrid_kit import LAYOUT, PS, STATE, WINDOW
 from hypothesis import HealthCheck, event, settings
@@ -50,62 +54,13 @@ def make(kind: str, num_pages: int, swa_pages: int, num_states: int) -> UnifiedC
 
 
 # ---------------------------------------------------------------- the deterministic model
+# tests/oracle.py: full K/V, SWA K/V and states are functions of the whole prefix, so a page or
+# window served for another history with the same tokens at the same positions is caught.
 
 
-def full_kv(tokens: Any, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-    t = torch.as_tensor(np.asarray(tokens, dtype=np.int64), dtype=torch.float32)[:, None, None]
-    p = torch.arange(start, start + t.shape[0], dtype=torch.float32)[:, None, None]
-    return (t * 10 + p).expand(-1, 2, 8), (-t - p).expand(-1, 2, 8)
-
-
-def swa_kv(tokens: Any, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-    t = torch.as_tensor(np.asarray(tokens, dtype=np.int64), dtype=torch.float32)[:, None, None]
-    p = torch.arange(start, start + t.shape[0], dtype=torch.float32)[:, None, None]
-    return (t * 7 + p * 3).expand(-1, 2, 8), (t - p * 5).expand(-1, 2, 8)
-
-
-def state_of(tokens: Any) -> torch.Tensor:
-    """The recurrent state after ``tokens``: depends on every token and the length."""
-    seed = int(np.asarray(tokens, dtype=np.int64).sum()) * 31 + len(tokens)
-    return ((torch.arange(STATE.state_bytes) * 3 + seed) % 251).to(torch.uint8)
-
-
-def write(cache: UnifiedCache, slots: torch.Tensor, tokens: list[int], start: int) -> None:
-    """The model computes ``tokens[start:]`` at ``slots``: full K/V and SWA K/V."""
-    kv, swa = cache.pool(PoolName.KV), cache.pool(PoolName.SWA)
-    k, v = full_kv(tokens[start:], start)
-    for layer in range(LAYOUT.num_layers):
-        kv.k(layer)[slots] = k + layer
-        kv.v(layer)[slots] = v - layer
-    if swa is not None:
-        swa_slots = cache.hybrid.swa_slots(slots)
-        k, v = swa_kv(tokens[start:], start)
-        for layer in range(LAYOUT.num_layers):
-            swa.k(layer)[swa_slots] = k + layer
-            swa.v(layer)[swa_slots] = v - layer
-
-
-def verify(cache: UnifiedCache) -> None:
-    """(a): every cached page of every pool holds exactly what the model wrote."""
-    kv, swa, states = (cache.pool(n) for n in (PoolName.KV, PoolName.SWA, PoolName.MAMBA))
-    for node in cache.tree.iter_nodes():
-        path = [t for n in cache.tree.path_to(node) for t in np.frombuffer(n.key, "<u4")]
-        full = node.values[0]
-        if full is None:
-            continue
-        k, v = full_kv(path[node.start :], node.start)
-        for layer in range(LAYOUT.num_layers):
-            assert torch.equal(kv.k(layer)[full], k + layer), f"{node}: full K"
-            assert torch.equal(kv.v(layer)[full], v - layer), f"{node}: full V"
-        if swa is not None and node.values[1] is not None:
-            live = node.values[1]
-            k, v = swa_kv(path[node.seq_len - live.shape[0] :], node.seq_len - live.shape[0])
-            for layer in range(LAYOUT.num_layers):
-                assert torch.equal(swa.k(layer)[live], k + layer), f"{node}: SWA K"
-                assert torch.equal(swa.v(layer)[live], v - layer), f"{node}: SWA V"
-        state = node.values[-1] if states is not None else None
-        if state is not None:
-            assert torch.equal(states.read_state(state), state_of(path)), f"{node}: state"
+def faults_off(faulty: FaultyStore) -> bool:
+    """No fault knob is armed and the store answers well within the load timeout."""
+    return not faulty.fail and not faulty.corrupt and faulty.delay_ms <= 5.0
 
 
 def snapshot(cache: UnifiedCache) -> Any:
@@ -150,7 +105,7 @@ class HybridLinkerMachine(RuleBasedStateMachine):
             self.cache.unlock(handle)
         self.linker.close()
         self.peer_linker.close()
-        verify(self.cache)
+        oracle.verify_tree(self.cache)
         self.cache.evict(EvictParams(num_tokens=10**6, swa_num_tokens=10**6 if "swa" in
                                      self.kind else 0,
                                      mamba_num=10**6 if "mamba" in self.kind else 0))
@@ -188,7 +143,7 @@ class HybridLinkerMachine(RuleBasedStateMachine):
             if copy is None:
                 event("copy refused: every state held or locked")
             else:
-                assert torch.equal(states.read_state(copy), state_of(tokens[:prefix]))
+                assert torch.equal(states.read_state(copy), oracle.state(cache, tokens[:prefix]))
                 cache.hybrid.free_state(copy)
         new = cache.alloc(len(tokens) - prefix)
         if new is None:
@@ -196,7 +151,7 @@ class HybridLinkerMachine(RuleBasedStateMachine):
             cache.unlock(handle)
             return
         kv = torch.cat([slots, new])
-        write(cache, kv[prefix : len(tokens)], tokens, prefix)
+        oracle.write(cache, kv[prefix : len(tokens)], tokens, prefix)
         n = len(tokens) // PS * PS
         evicted = 0
         if cache.pool(PoolName.SWA) is not None:  # the window moved past these pages
@@ -205,7 +160,7 @@ class HybridLinkerMachine(RuleBasedStateMachine):
                 cache.hybrid.free_swa(kv[prefix:evicted])
         state = cache.hybrid.alloc_state() if states is not None and n > prefix else None
         if state is not None:
-            states.write_state(state, state_of(tokens[:n]))
+            states.write_state(state, oracle.state(cache, tokens[:n]))
         cache.insert(InsertParams(key=tokens, value=kv[:n], prev_prefix_len=prefix,
                                   swa_evicted_seqlen=evicted, mamba_value=state))
         if kv.shape[0] > n:
@@ -215,9 +170,17 @@ class HybridLinkerMachine(RuleBasedStateMachine):
     def _finish(self, out: Any) -> None:
         tokens = self.pending.pop(out.req_id)
         assert out.device_indices.numel() == out.prefix_len
+        self._check_served(out, tokens)
         event(f"load {'ok' if out.ok else 'failed: ' + out.reason.split(':')[0]}")
         self.cache.unlock(out.lock)
-        del tokens
+
+    def _check_served(self, out: Any, tokens: list[int]) -> None:
+        """(d): what a published load serves under its lock (full K/V, the SWA window of its
+        end, the state there) is exactly the model's for ``tokens[:out.prefix_len]``."""
+        if not out.ok:
+            return
+        assert out.match is not None and out.match.prefix_len == out.prefix_len
+        assert oracle.served_matches(self.cache, out.match, tokens), f"{out}: served wrong data"
 
     # ---------------------------------------------------------------- rules
 
@@ -228,9 +191,18 @@ class HybridLinkerMachine(RuleBasedStateMachine):
         if cold:
             self.cache.evict(len(tokens))
         m = self.cache.match_prefix(tokens, req_id=rid)
+        calm = (faults_off(self.faulty) and not self.pending
+                and not self.linker.stats()["loads_in_flight"])  # nothing to join or wait on
         if m.external_hit_len and self.linker.load(rid):
             out = self.linker.wait_load(rid)
             event(f"request load {'ok' if out.ok else 'failed'}")
+            self._check_served(out, tokens)
+            if calm and out.reason != "timeout":  # (e): nothing may fail or come up short
+                assert out.ok, f"{rid}: load failed with no fault armed: {out.reason}"
+            if out.ok:  # (e): a published load restores all it looked up, its window included
+                assert out.prefix_len == m.prefix_len + m.external_hit_len, (
+                    f"{rid}: looked up {m.prefix_len} + {m.external_hit_len}, restored "
+                    f"{out.prefix_len}")
             self._serve(self.cache, tokens, out.prefix_len, out.device_indices, out.lock,
                         out.last_node)
         else:
@@ -318,7 +290,7 @@ class HybridLinkerMachine(RuleBasedStateMachine):
     @invariant()
     def consistent_and_verified(self) -> None:
         self.cache.check_invariants()
-        verify(self.cache)
+        oracle.verify_tree(self.cache)
 
 
 HybridLinkerMachine.TestCase.settings = settings(

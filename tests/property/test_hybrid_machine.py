@@ -33,8 +33,7 @@ SEV = st.one_of(st.just((0, 0)), st.tuples(st.integers(0, 5), st.integers(0, 3))
 
 
 class HybridMachine(RuleBasedStateMachine):
-    """serve / insert_fresh / match / lock / unlock / evict / alloc / free / free_swa /
-    alloc_state / free_state against the page model."""
+    """Rules (serve, insert, match, lock, evict, alloc, free, states) against the page model."""
 
     KINDS: tuple[ComponentType, ...] = (SWA, MAMBA)
 
@@ -367,8 +366,7 @@ class HybridMachine(RuleBasedStateMachine):
             assert stats["swa_held_tokens"] == sum(n for _, n in self.held)
         if self.mamba:
             assert stats["mamba_held_states"] == len(self.held_states)
-        # Read-only: each node boundary the components accept together is model-matchable,
-        # and the reverse.
+        # Read-only: a node boundary all components accept is model-matchable, and back.
         tree, ps = self.cache.tree, self.ps
         for node in tree.iter_nodes():
             path = tree.path_to(node)

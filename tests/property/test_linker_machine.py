@@ -95,7 +95,7 @@ class LinkerMachine(RuleBasedStateMachine):
             self.cache.unlock(handle)
             return
         kv = torch.cat([slots, new])
-        write_kv(self.cache, kv[prefix : len(tokens)], tokens[prefix:], prefix)
+        write_kv(self.cache, kv[prefix : len(tokens)], tokens, prefix)
         n = len(tokens) // PS * PS
         self.cache.insert(InsertParams(key=tokens, value=kv[:n], prev_prefix_len=prefix))
         if kv.shape[0] > n:
