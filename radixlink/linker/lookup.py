@@ -20,9 +20,9 @@ import numpy as np
 
 from radixlink.contract import LinkerTransferPhase, MatchResult, PoolTransfer
 from radixlink.cost import choose_load_pages
-from radixlink.hashing import page_hashes
 from radixlink.linker.parts import LinkerParts
 from radixlink.linker.restorable import presence_from_store, restorable_prefix_pages
+from radixlink.tree.hashes import continue_chain
 
 
 @dataclass(slots=True, kw_only=True)
@@ -61,12 +61,9 @@ def tail_hashes(cache: Any, result: MatchResult, tokens: np.ndarray, namespace: 
     """Chained hashes of the whole pages of ``tokens`` after the device match, continuing the
     chain of the page where the match ended (or the namespace seed for an empty match)."""
     ps, prefix = cache.page_size, result.prefix_len
-    tail = tokens[prefix : len(tokens) // ps * ps]
-    algo = cache.config.hash_algo
-    if prefix == 0:
-        return page_hashes(tail, ps, namespace, algo=algo)
-    parent = result.last_node.hash_value[result.node_offset // ps - 1]
-    return page_hashes(tail, ps, parent=parent, algo=algo)
+    after = None if prefix == 0 else result.last_node.hash_value[result.node_offset // ps - 1]
+    return continue_chain(tokens[prefix : len(tokens) // ps * ps], ps, cache.config.hash_algo,
+                          namespace, after)
 
 
 def lookup_transfers(components: Any, keys: list[str]) -> list[PoolTransfer]:
