@@ -56,16 +56,6 @@ class Lookup:
         return (self.keys[-1], len(self.keys), self.prefix_len)
 
 
-
-def tail_hashes(cache: Any, result: MatchResult, tokens: np.ndarray, namespace: Any) -> list[str]:
-    """Chained hashes of the whole pages of ``tokens`` after the device match, continuing the
-    chain of the page where the match ended (or the namespace seed for an empty match)."""
-    ps, prefix = cache.page_size, result.prefix_len
-    after = None if prefix == 0 else result.last_node.hash_value[result.node_offset // ps - 1]
-    return continue_chain(tokens[prefix : len(tokens) // ps * ps], ps, cache.config.hash_algo,
-                          namespace, after)
-
-
 def lookup_transfers(components: Any, keys: list[str]) -> list[PoolTransfer]:
     """Every taking-part component's LOOKUP transfer for ``keys``."""
     out = []
@@ -122,7 +112,10 @@ def find_restorable(parts: LinkerParts, memo: PageHashMemo, result: MatchResult,
     num_pages = len(tokens) // ps - prefix // ps
     if num_pages <= 0:
         return None
-    keys = tail_hashes(parts.cache, result, tokens, namespace)
+    # NOTE: the chain continues at the page where the match ended (an empty match: the seed)
+    after = None if prefix == 0 else result.last_node.hash_value[result.node_offset // ps - 1]
+    keys = continue_chain(tokens[prefix : len(tokens) // ps * ps], ps, parts.cache.config.hash_algo,
+                          namespace, after)
     # NOTE: the insert of these tokens that follows reuses the hashes (hashed once per page)
     memo.remember(namespace, key, prefix // ps, keys)
     pages = restorable_pages(parts, keys, namespace)
