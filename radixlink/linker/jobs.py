@@ -111,22 +111,28 @@ def offload_job(parts: dict[PoolName, PoolPart], cache: Any, codec_of: CodecOf,
 
 
 def load_job(transfers: list[PoolTransfer | None], cache: Any, codec_of: CodecOf,
-             keys_of: Callable[[PoolTransfer], list[str]], arena: StagingArena) -> Job:
-    """The worker job of a load: per pool its keys, codec, staging frames and a writer into
-    the reserved slots; on CUDA its own stream; a ``LayerProgress`` for layer-wise engines."""
-    parts = [t for t in transfers if t is not None]
-    staging, staged = stage_pages(arena, [(codec_of(t.name), keys_of(t)) for t in parts])
+             keyspace: PageKeys, namespace: Any, arena: StagingArena) -> Job:
+    """The worker job of a load: per pool its keys (``keyspace``'s, in the lookup's resolved
+    ``namespace``), codec, staging frames and a writer into the reserved slots; on CUDA its
+    own stream; a ``LayerProgress`` for layer-wise engines."""
+    parts: list[PoolTransfer] = []
+    wanted = []
+    for t in transfers:
+        if t is not None:
+            parts.append(t)
+            wanted.append((codec_of(t.name), keyspace.keys(t.name, namespace, t.keys)))
+    staging, staged = stage_pages(arena, wanted)
     pools = []
+    layers: dict[PoolName, int] = {}
     for t, part in zip(parts, staged):
-        land, layers = pool_lander(cache.pool(t.name), t, part.frames)
-        pools.append(PoolPages(name=t.name, keys=list(part.keys), codec=part.codec,
-                               frames=part.frames, land=land, num_layers=layers))
+        land, layers[t.name] = pool_lander(cache.pool(t.name), t, part.frames)
+        pools.append(PoolPages(name=t.name, keys=part.keys, codec=part.codec,
+                               frames=part.frames, land=land, num_layers=layers[t.name]))
     stream = None
     if cache.device.type == "cuda":  # NOTE: loads land on their own stream
         stream = torch.cuda.Stream(cache.device)
-    progress = LayerProgress({p.name: p.num_layers for p in pools})
     return Job(kind=TransferKind.LOAD, pools=pools, staging=staging, stream=stream,
-               progress=progress)
+               progress=LayerProgress(layers))
 
 
 def _add_pages(part: PoolPart, slots: Any, todo: list[int] | None) -> None:

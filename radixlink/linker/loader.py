@@ -114,9 +114,8 @@ class Loader:
             return None
         assert reservation is not None
         parts = self.parts
-        keyspace, namespace = parts.keyspace, lookup.namespace
-        job = load_job(reservation.transfers, self.cache, parts.codec,
-                       lambda t: keyspace.keys(t.name, namespace, t.keys), parts.arena)
+        job = load_job(reservation.transfers, self.cache, parts.codec, parts.keyspace,
+                       lookup.namespace, parts.arena)
         transfer = Transfer(job_id=parts.jobs.submit(job), reservation=reservation)
         assert job.progress is not None
         self._progress[transfer.job_id] = job.progress

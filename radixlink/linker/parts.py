@@ -4,7 +4,8 @@ ranks, the worker and the completions of the jobs submitted to it, the staging a
 stored index, the counters and histograms, and the cost model.
 
 Owns building those parts and the small bookkeeping both sides use (``Completions``, the
-counters, a pool's page bytes). Must not reach the loader, the offloader or the facade: they are built from it.
+counters, a pool's page bytes). Must not reach the loader, the offloader or the facade: they
+are built from it.
 """
 
 from __future__ import annotations
