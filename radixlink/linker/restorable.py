@@ -162,7 +162,9 @@ def presence_from_store(
         ValueError: when ``exists`` does not answer every key, or a TRAILING_PAGES pool has no
             window.
     """
-    num_keys = sum(len(t.keys) for t in transfers)
+    num_keys = 0
+    for transfer in transfers:
+        num_keys += len(transfer.keys)
     if len(exists) != num_keys:
         raise ValueError(
             f"exists() answered {len(exists)} keys but the {len(transfers)} transfers hold "

@@ -41,7 +41,12 @@ class LockTable:
             top = top.parent
         if not self._is_own_root(top):
             raise ValueError(f"cannot lock {node!r}: it belongs to another cache")
-        parts = () if node is top else tuple(c.lock(node) for c in self.components)
+        parts: tuple[object, ...] = ()
+        if node is not top:
+            receipts = []
+            for component in self.components:
+                receipts.append(component.lock(node))
+            parts = tuple(receipts)
         self._next_id += 1
         handle = LockHandle(node, parts, self, self._next_id)
         self._held[handle.handle_id] = handle
