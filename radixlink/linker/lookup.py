@@ -56,20 +56,13 @@ class Lookup:
         return (self.keys[-1], len(self.keys), self.prefix_len)
 
 
-def lookup_transfers(components: Any, keys: list[str]) -> list[PoolTransfer]:
-    """Every taking-part component's LOOKUP transfer for ``keys``."""
-    out = []
-    for component in components:
-        transfer = component.build_external_linker_transfer(LinkerTransferPhase.LOOKUP, None, keys)
-        if transfer is not None:
-            out.append(transfer)
-    return out
-
-
 def restorable_pages(parts: LinkerParts, keys: list[str], namespace: Any) -> list[int]:
     """Every tail length (pages) this rank can restore; a failed or skipped store is none."""
-    components = parts.cache.components
-    transfers = lookup_transfers(components, keys)
+    transfers = []
+    for component in parts.cache.components:  # every taking-part component's LOOKUP transfer
+        transfer = component.build_external_linker_transfer(LinkerTransferPhase.LOOKUP, None, keys)
+        if transfer is not None:
+            transfers.append(transfer)
     if not transfers:
         return []
     keyspace = parts.keyspace
@@ -120,7 +113,10 @@ def find_restorable(parts: LinkerParts, memo: PageHashMemo, result: MatchResult,
     memo.remember(namespace, key, prefix // ps, keys)
     pages = restorable_pages(parts, keys, namespace)
     common = pages if parts.world_size == 1 else parts.ranks.intersect(pages, num_pages)
-    best = worth_loading(parts, common, prefix)
+    if parts.cost_model is None:  # NOTE: no model: the largest, as worth_loading says
+        best = max(common, default=0)
+    else:
+        best = worth_loading(parts, common, prefix)
     if not best:
         return None
     # NOTE: a copy of just the restorable prefix, so a remembered lookup never pins the
