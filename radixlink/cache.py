@@ -169,7 +169,7 @@ class UnifiedCache:
         Raises:
             ValueError: ``node`` was evicted meanwhile or belongs to another cache.
         """
-        return self.tree.lock(node)
+        return self.tree.locks.lock(node)  # NOTE: the tree's lock table, without a forward
 
     def unlock(self, handle: LockHandle) -> None:
         """Release a ``lock`` receipt.
@@ -177,7 +177,7 @@ class UnifiedCache:
         Raises:
             ValueError: ``handle`` was already released or comes from another cache.
         """
-        self.tree.unlock(handle)
+        self.tree.locks.unlock(handle)
 
     def alloc(self, num_tokens: int) -> torch.Tensor | None:
         """Slots for ``num_tokens`` rounded up to whole pages, evicting cached data when short;

@@ -58,9 +58,9 @@ class Loader:
         """Fill ``result.external_hit_len`` and remember what ``load(req_id)`` fetches."""
         found = find_restorable(self.parts, self.page_hashes, result, key, namespace)
         self.stats["lookups"] += 1
-        result.external_hit_len = 0 if found is None else found.num_pages * self.parts.page_size
+        result.external_hit_len = 0 if found is None else len(found.keys) * self.parts.page_size
         if found is not None:
-            self.stats["lookup_hit_pages"] += found.num_pages
+            self.stats["lookup_hit_pages"] += len(found.keys)
         self.lookups.put(req_id, found)
 
     # ---------------------------------------------------------------- LOAD
@@ -114,9 +114,8 @@ class Loader:
             return None
         assert reservation is not None
         parts = self.parts
-        keyspace, namespace = parts.keyspace, lookup.namespace
-        job = load_job(reservation.transfers, self.cache, parts.codec,
-                       lambda t: keyspace.keys(t.name, namespace, t.keys), parts.arena)
+        job = load_job(reservation.transfers, self.cache, parts.codec, parts.keyspace,
+                       lookup.namespace, parts.arena)
         transfer = Transfer(job_id=parts.jobs.submit(job), reservation=reservation)
         assert job.progress is not None
         self._progress[transfer.job_id] = job.progress
@@ -248,7 +247,7 @@ class Loader:
         if model is not None:
             model.observe_load(Source.STORE, done.num_bytes, done.seconds)
         stats["loaded_bytes"] += done.num_bytes
-        stats["loaded_pages"] += reservation.lookup.num_pages
+        stats["loaded_pages"] += len(reservation.lookup.keys)
         outcomes = success_outcomes(cache, transfer)
         cache.unlock(reservation.handle)
         for outcome in outcomes:

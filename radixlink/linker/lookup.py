@@ -20,9 +20,9 @@ import numpy as np
 
 from radixlink.contract import LinkerTransferPhase, MatchResult, PoolTransfer
 from radixlink.cost import choose_load_pages
-from radixlink.hashing import page_hashes
 from radixlink.linker.parts import LinkerParts
 from radixlink.linker.restorable import presence_from_store, restorable_prefix_pages
+from radixlink.tree.hashes import continue_chain
 
 
 @dataclass(slots=True, kw_only=True)
@@ -56,33 +56,13 @@ class Lookup:
         return (self.keys[-1], len(self.keys), self.prefix_len)
 
 
-
-def tail_hashes(cache: Any, result: MatchResult, tokens: np.ndarray, namespace: Any) -> list[str]:
-    """Chained hashes of the whole pages of ``tokens`` after the device match, continuing the
-    chain of the page where the match ended (or the namespace seed for an empty match)."""
-    ps, prefix = cache.page_size, result.prefix_len
-    tail = tokens[prefix : len(tokens) // ps * ps]
-    algo = cache.config.hash_algo
-    if prefix == 0:
-        return page_hashes(tail, ps, namespace, algo=algo)
-    parent = result.last_node.hash_value[result.node_offset // ps - 1]
-    return page_hashes(tail, ps, parent=parent, algo=algo)
-
-
-def lookup_transfers(components: Any, keys: list[str]) -> list[PoolTransfer]:
-    """Every taking-part component's LOOKUP transfer for ``keys``."""
-    out = []
-    for component in components:
-        transfer = component.build_external_linker_transfer(LinkerTransferPhase.LOOKUP, None, keys)
-        if transfer is not None:
-            out.append(transfer)
-    return out
-
-
 def restorable_pages(parts: LinkerParts, keys: list[str], namespace: Any) -> list[int]:
     """Every tail length (pages) this rank can restore; a failed or skipped store is none."""
-    components = parts.cache.components
-    transfers = lookup_transfers(components, keys)
+    transfers = []
+    for component in parts.cache.components:  # every taking-part component's LOOKUP transfer
+        transfer = component.build_external_linker_transfer(LinkerTransferPhase.LOOKUP, None, keys)
+        if transfer is not None:
+            transfers.append(transfer)
     if not transfers:
         return []
     keyspace = parts.keyspace
@@ -125,12 +105,18 @@ def find_restorable(parts: LinkerParts, memo: PageHashMemo, result: MatchResult,
     num_pages = len(tokens) // ps - prefix // ps
     if num_pages <= 0:
         return None
-    keys = tail_hashes(parts.cache, result, tokens, namespace)
+    # NOTE: the chain continues at the page where the match ended (an empty match: the seed)
+    after = None if prefix == 0 else result.last_node.hash_value[result.node_offset // ps - 1]
+    keys = continue_chain(tokens[prefix : len(tokens) // ps * ps], ps, parts.cache.config.hash_algo,
+                          namespace, after)
     # NOTE: the insert of these tokens that follows reuses the hashes (hashed once per page)
     memo.remember(namespace, key, prefix // ps, keys)
     pages = restorable_pages(parts, keys, namespace)
     common = pages if parts.world_size == 1 else parts.ranks.intersect(pages, num_pages)
-    best = worth_loading(parts, common, prefix)
+    if parts.cost_model is None:  # NOTE: no model: the largest, as worth_loading says
+        best = max(common, default=0)
+    else:
+        best = worth_loading(parts, common, prefix)
     if not best:
         return None
     # NOTE: a copy of just the restorable prefix, so a remembered lookup never pins the

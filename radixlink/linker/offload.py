@@ -20,8 +20,7 @@ import torch
 from radixlink.contract import InsertParams, LinkerTransferPhase, PoolName
 from radixlink.linker.config import WritePolicy
 from radixlink.linker.jobs import Batch, offload_job, select_pages
-from radixlink.linker.parts import LinkerParts
-from radixlink.linker.records import pool_page_bytes
+from radixlink.linker.parts import LinkerParts, pool_page_bytes
 from radixlink.linker.revalidate import Revalidation
 from radixlink.linker.worker import Completion
 from radixlink.tree.stored import BACKBONE_POOL

@@ -4,7 +4,8 @@ ranks, the worker and the completions of the jobs submitted to it, the staging a
 stored index, the counters and histograms, and the cost model.
 
 Owns building those parts and the small bookkeeping both sides use (``Completions``, the
-counters). Must not reach the loader, the offloader or the facade: they are built from it.
+counters, a pool's page bytes). Must not reach the loader, the offloader or the facade: they
+are built from it.
 """
 
 from __future__ import annotations
@@ -18,14 +19,9 @@ from radixlink.cost import EstimateTracker
 from radixlink.linker.breaker import CircuitBreaker, StoreGuard
 from radixlink.linker.config import LinkerConfig
 from radixlink.linker.ranks import RankGroup
-from radixlink.linker.records import (
-    kv_bytes_per_token,
-    pool_fingerprint,
-    pool_page_bytes,
-    pool_replicated,
-)
 from radixlink.linker.worker import Completion, Job, TransferKind, TransferWorker
 from radixlink.memory.host import StagingArena
+from radixlink.memory.pools import MambaStatePool
 from radixlink.metrics import LatencyHistogram
 from radixlink.stores.base import Store
 from radixlink.stores.pageio import Codec, PageKeys, make_codec
@@ -139,7 +135,7 @@ class LinkerParts:
             pool = self.cache.pool(name)
             if pool is None:
                 raise ValueError(f"the cache has no {name.value} pool; build it with a layout")
-            codec = make_codec(pool_fingerprint(pool, name), pool_page_bytes(pool),
+            codec = make_codec(str(pool.layout.fingerprint(name)), pool_page_bytes(pool),
                                secret=self.store.page_secret)
             self._codecs[name] = codec
         return codec
@@ -173,7 +169,7 @@ class LinkerParts:
     def replicated(self, name: PoolName) -> bool:
         """Whether pool ``name`` is identical on every rank (written by rank 0 only)."""
         pool = self.cache.pool(name)
-        return pool is not None and pool_replicated(pool)
+        return pool is not None and bool(getattr(pool.layout, "replicated", False))
 
 
 def build_parts(cache: Any, store: Store, ranks: RankGroup, config: LinkerConfig,
@@ -188,5 +184,23 @@ def build_parts(cache: Any, store: Store, ranks: RankGroup, config: LinkerConfig
         guard=StoreGuard(store, CircuitBreaker(config.breaker)), ranks=ranks, worker=worker,
         jobs=Completions(worker, ranks), arena=arena, metrics=LinkerStats(), stored=stored,
         cost_model=cost_model, page_size=cache.page_size,
-        bytes_per_token=kv_bytes_per_token(cache), world_size=ranks.world_size,
+        bytes_per_token=_kv_bytes_per_token(cache), world_size=ranks.world_size,
         windows={c.pool_name: c.window_pages for c in cache.components if c.window_pages > 0})
+
+
+def pool_page_bytes(pool: Any) -> int:
+    """Payload bytes of one page (a state, for MAMBA) of ``pool``."""
+    if isinstance(pool, MambaStatePool):
+        return int(pool.layout.state_bytes)
+    return int(pool.layout.page_bytes)
+
+
+def _kv_bytes_per_token(cache: Any) -> int:
+    """KV bytes a loaded token brings: the full pool's, plus the SWA pool's (an upper bound:
+    a load brings SWA pages for the window only)."""
+    total = 0
+    for name in (PoolName.KV, PoolName.SWA):
+        pool = cache.pool(name)
+        if pool is not None:
+            total += int(pool.layout.token_bytes)
+    return max(total, 1)

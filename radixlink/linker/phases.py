@@ -143,8 +143,10 @@ def publish(cache: Any, components: Sequence[Any], reservation: Reservation) -> 
         f"publish of {value.shape[0]} slots for {len(lookup.tokens)} tokens "
         f"(device prefix {reservation.device_slots.shape[0]} of {prefix})"
     )
-    mamba = next((t.device_indices for t in reservation.transfers
-                  if t is not None and t.name is PoolName.MAMBA), None)
+    mamba = None
+    for t in reservation.transfers:
+        if t is not None and t.name is PoolName.MAMBA:
+            mamba = t.device_indices
     params = InsertParams(
         key=lookup.tokens,
         value=value,

@@ -33,16 +33,12 @@ class LayerProgress:
         self._landed = dict.fromkeys(layers, 0)
         self._events: dict[tuple[PoolName, int], Any] = {}
         self._failed = False
-        self._watched = False
+        self.watched = False  # someone asked for layer-by-layer landing (``watch``)
         self._cond = threading.Condition()
 
     def watch(self) -> None:
         """Ask for layer-by-layer landing (an engine will wait per layer)."""
-        self._watched = True
-
-    @property
-    def watched(self) -> bool:
-        return self._watched
+        self.watched = True
 
     def land(self, pool: PoolName, layer: int | None, event: Any = None) -> None:
         """Layer ``layer`` of ``pool`` is written (``None``: the whole pool)."""

@@ -1,13 +1,18 @@
 """Pure functions: per-pool page presence + hit policy -> restorable prefix lengths.
 
-Owns the one rule every store and linker path uses. Must not touch stores, the tree or ranks.
+Owns the one rule every store and linker path uses (a trailing pool's window through
+``components.window.trailing_restorable``, the window rule's one home). Must not touch
+stores, the tree or ranks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import and_
 
+from radixlink.components.window import trailing_restorable
 from radixlink.contract import PoolHitPolicy, PoolName, PoolTransfer, PoolTransferResult
 
 
@@ -103,28 +108,18 @@ def restorable_prefix_pages(num_pages: int, pools: Sequence[PoolPresence]) -> Po
                 f"{num_pages}; pass presence for the device-uncached pages only"
             )
         _and_legal_lengths(legal, pool)
-    return PoolTransferResult(restorable_prefix_pages=[n for n, ok in enumerate(legal) if ok])
+    return PoolTransferResult(restorable_prefix_pages=list(compress(range(len(legal)), legal)))
 
 
 def _and_legal_lengths(legal: list[bool], pool: PoolPresence) -> None:
     """AND ``legal[L]`` (L = 1..len-1) with whether ``pool`` can restore length L."""
     present = pool.present
-    num_present = len(present)
     if pool.hit_policy is PoolHitPolicy.ALL_PAGES:
-        first_missing = next((i for i, ok in enumerate(present) if not ok), num_present)
-        for n in range(first_missing + 1, len(legal)):
-            legal[n] = False
+        first_missing = present.index(False) if False in present else len(present)
+        legal[first_missing + 1 :] = [False] * max(0, len(legal) - first_missing - 1)
         return
-    window = pool.window_pages
-    reach = pool.live_pages_before
-    run = 0  # consecutive present pages ending at page n - 1
-    for n in range(1, len(legal)):
-        run = run + 1 if n <= num_present and present[n - 1] else 0
-        if n >= window:
-            ok = run >= window
-        else:  # the window reaches window - n pages before page 0
-            ok = run == n and (reach is None or window - n <= reach)
-        legal[n] = legal[n] and ok
+    whole = trailing_restorable(pool.window_pages, present, len(legal), pool.live_pages_before)
+    legal[:] = map(and_, legal, whole)
 
 
 def largest_common(lengths_per_rank: Sequence[Sequence[int]]) -> int:
@@ -167,7 +162,9 @@ def presence_from_store(
         ValueError: when ``exists`` does not answer every key, or a TRAILING_PAGES pool has no
             window.
     """
-    num_keys = sum(len(t.keys) for t in transfers)
+    num_keys = 0
+    for transfer in transfers:
+        num_keys += len(transfer.keys)
     if len(exists) != num_keys:
         raise ValueError(
             f"exists() answered {len(exists)} keys but the {len(transfers)} transfers hold "
@@ -186,7 +183,7 @@ def presence_from_store(
                     f"entry for it (has {sorted(n.value for n in windows)}); pass its window"
                 )
             window = windows[transfer.name]
-        flags = tuple(bool(x) for x in exists[start:end])
+        flags = tuple(map(bool, exists[start:end]))
         out.append(
             PoolPresence(
                 name=transfer.name,

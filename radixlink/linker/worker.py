@@ -312,14 +312,17 @@ class TransferWorker:
     def _land_layers(self, job_id: int, job: Job, stream: Any) -> bool:
         progress = job.progress
         per_layer = progress is not None and progress.watched
-        layered = [pool for pool in job.pools if pool.num_layers and per_layer]
+        layered = []
         for pool in job.pools:
-            if not (pool.num_layers and per_layer):
-                assert pool.land is not None, "a load job needs a writer per pool"
-                pool.land(None)
-                if progress is not None:
-                    progress.land(pool.name, None, _record(stream))
-        for layer in range(max((pool.num_layers for pool in layered), default=0)):
+            if pool.num_layers and per_layer:
+                layered.append(pool)
+                continue
+            assert pool.land is not None, "a load job needs a writer per pool"
+            pool.land(None)
+            if progress is not None:
+                progress.land(pool.name, None, None if stream is None else _record(stream))
+        num_layers = max([pool.num_layers for pool in layered]) if layered else 0
+        for layer in range(num_layers):
             if layer and self._is_cancelled(job_id):
                 return False
             for pool in layered:

@@ -40,6 +40,7 @@ class Frames:
         count: pages.
         page_bytes: payload bytes of a page.
         frame_bytes: header + payload + tag of a page (the codec's ``frame_bytes``).
+        stride: bytes between consecutive frames (``frame_stride(frame_bytes)``).
     """
 
     buffer: torch.Tensor
@@ -48,10 +49,7 @@ class Frames:
     count: int
     page_bytes: int
     frame_bytes: int
-
-    @property
-    def stride(self) -> int:
-        return frame_stride(self.frame_bytes)
+    stride: int
 
     @property
     def nbytes(self) -> int:
@@ -65,14 +63,17 @@ class Frames:
     def block(self) -> memoryview:
         """The frames as one writable view: frame ``i`` starts at ``i * stride`` of it."""
         start = self.offset + LEAD
-        return self.view[start : self.offset + self.nbytes]
+        return self.view[start : self.offset + self.count * self.stride]
 
     def frames(self) -> list[memoryview]:
         """One writable byte view per page: its whole frame (header, payload, tag)."""
-        view, stride, size = self.view, self.stride, self.frame_bytes
+        stride, size = self.stride, self.frame_bytes
         first = self.offset + LEAD
-        return [view[pos : pos + size] for pos in range(first, first + self.count * stride,
-                                                        stride)]
+        end = first + self.count * stride
+        # NOTE: slices built and applied in C (a comprehension costs a Python frame per call)
+        return list(map(self.view.__getitem__,
+                        map(slice, range(first, end, stride), range(first + size, end + size,
+                                                                    stride))))
 
 
 def layout_frames(buffer: torch.Tensor, view: memoryview,
@@ -81,15 +82,18 @@ def layout_frames(buffer: torch.Tensor, view: memoryview,
     frame_bytes)`` triples, in order; ``buffer`` must hold ``frames_bytes(sizes)``."""
     out, offset = [], 0
     for count, page_bytes, frame_bytes in sizes:
-        frames = Frames(buffer=buffer, view=view, offset=offset, count=count,
-                        page_bytes=page_bytes, frame_bytes=frame_bytes)
-        out.append(frames)
-        offset += frames.nbytes
+        stride = frame_stride(frame_bytes)
+        out.append(Frames(buffer=buffer, view=view, offset=offset, count=count,
+                          page_bytes=page_bytes, frame_bytes=frame_bytes, stride=stride))
+        offset += count * stride
     assert offset <= buffer.numel(), f"{offset} staging bytes needed, {buffer.numel()} held"
     return out
 
 
 def frames_bytes(sizes: list[tuple[int, int, int]]) -> int:
     """Bytes ``layout_frames`` needs for ``sizes``."""
-    return sum(count * frame_stride(frame) for count, _, frame in sizes)
+    total = 0
+    for count, _, frame in sizes:
+        total += count * frame_stride(frame)
+    return total
 

@@ -1,14 +1,27 @@
-"""Page hashes of a new leaf: the chain continued from its parent, taking the hashes a caller
-already computed for these tokens (a linker's lookup) and computing only the rest.
+"""Page-hash chains from the tree: ``continue_chain`` (the one continuation of a chain, at a
+page's hash or from the namespace seed; the linker's lookup uses it too) and the hashes of a
+new leaf, the chain continued from its parent, taking the hashes a caller already computed
+for these tokens (a linker's lookup) and computing only the rest.
 
 Owns no state. Must not reshape the tree; knows a node only by its key, parent and hashes.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from radixlink.hashing import page_hashes
 from radixlink.tree.keys import TOKEN_BYTES, key_tokens
 from radixlink.tree.node import TreeNode
+
+
+def continue_chain(tokens: Any, page_size: int, algo: str, namespace: Any,
+                   after: str | None) -> list[str]:
+    """Chain hashes of ``tokens``' whole pages continuing the chain at ``after`` (the hash of
+    the page right before them), or from ``namespace``'s seed when None (page 0 of a
+    sequence)."""
+    return page_hashes(tokens, page_size, namespace if after is None else None, parent=after,
+                       algo=algo)
 
 
 def leaf_hashes(parent: TreeNode, key: bytes, page_size: int, algo: str,
@@ -25,26 +38,20 @@ def leaf_hashes(parent: TreeNode, key: bytes, page_size: int, algo: str,
     """
     page_bytes = page_size * TOKEN_BYTES
     first, n = parent.seq_len // page_size, len(key) // page_bytes
-    if known is None:
-        return _hash_pages(parent, key, page_size, algo, None)
-    start, hashes = known
-    lo, hi = max(first, start), min(first + n, start + len(hashes))
+    namespace = parent.namespace  # a root's: its seed starts the chain
+    after = parent.hash_value[-1] if parent.hash_value else None
+    lo = hi = first
+    if known is not None:
+        start, hashes = known
+        lo, hi = max(first, start), min(first + n, start + len(hashes))
     if hi <= lo:
-        return _hash_pages(parent, key, page_size, algo, None)
-    out = _hash_pages(parent, key[: (lo - first) * page_bytes], page_size, algo, None)
+        return continue_chain(key_tokens(key), page_size, algo, namespace, after)
+    out = []
+    if lo > first:
+        out = continue_chain(key_tokens(key[: (lo - first) * page_bytes]), page_size, algo,
+                             namespace, after)
     out += hashes[lo - start : hi - start]
     if hi < first + n:
-        out += _hash_pages(parent, key[(hi - first) * page_bytes :], page_size, algo, out[-1])
+        out += continue_chain(key_tokens(key[(hi - first) * page_bytes :]), page_size, algo,
+                              None, out[-1])
     return out
-
-
-def _hash_pages(parent: TreeNode, key: bytes, page_size: int, algo: str,
-                after: str | None) -> list[str]:
-    """Hashes of ``key``'s pages continuing the chain at ``after`` (else ``parent``'s end, else
-    its namespace seed)."""
-    if not key:
-        return []
-    if after is None and parent.hash_value:
-        after = parent.hash_value[-1]
-    namespace = parent.namespace if after is None else None  # a root: its seed starts it
-    return page_hashes(key_tokens(key), page_size, namespace, parent=after, algo=algo)

@@ -7,7 +7,7 @@ tree says which roots are its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Container, Sequence
 
 from radixlink.tree.node import LockHandle, TreeNode
 from radixlink.tree.protocol import Component
@@ -18,13 +18,13 @@ class LockTable:
 
     Args:
         components: the tree's components, backbone first (each takes its own lock).
-        is_own_root: whether a root node belongs to this tree.
+        root_ids: the ``id`` of every root of this tree (the tree's own set, kept current by
+            it; read, never changed here).
     """
 
-    def __init__(self, components: Sequence[Component],
-                 is_own_root: Callable[[TreeNode], bool]):
+    def __init__(self, components: Sequence[Component], root_ids: Container[int]):
         self.components = tuple(components)
-        self._is_own_root = is_own_root
+        self._root_ids = root_ids
         self._next_id = 0
         self._held: dict[int, LockHandle] = {}
 
@@ -39,9 +39,14 @@ class LockTable:
         top = node
         while top.parent is not None:
             top = top.parent
-        if not self._is_own_root(top):
+        if id(top) not in self._root_ids:
             raise ValueError(f"cannot lock {node!r}: it belongs to another cache")
-        parts = () if node is top else tuple(c.lock(node) for c in self.components)
+        parts: tuple[object, ...] = ()
+        if node is not top:
+            receipts = []
+            for component in self.components:
+                receipts.append(component.lock(node))
+            parts = tuple(receipts)
         self._next_id += 1
         handle = LockHandle(node, parts, self, self._next_id)
         self._held[handle.handle_id] = handle

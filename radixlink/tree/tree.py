@@ -62,7 +62,7 @@ class RadixTree:
         self.kv_events: Any = None  # a KVEventQueue: device STORED / REMOVED per node
         self._next_id = 0
         self._root_ids: set[int] = set()
-        self.locks = LockTable(self.components, lambda top: id(top) in self._root_ids)
+        self.locks = LockTable(self.components, self._root_ids)
         self.root = self._new_root(namespace)
         self._roots: dict[str, TreeNode] = {namespace_id(namespace): self.root}
         for index, component in enumerate(self.components):
