@@ -1,6 +1,6 @@
 """One request's page names on the scheduler: its page hashes, computed once and extended as
-vLLM hashes more blocks, and its store keys built from per-(group, rank, salt) key prefixes in
-one pass over the hashes.
+vLLM hashes more blocks, and the one-pass joins that turn them into store keys from a
+(group, rank, salt) key prefix (cached by ``SchedulerSide``).
 
 Owns the per-request hash cache and the batched hex / key joins (each a few C-level string
 operations, no per-page Python calls). Must not open stores or read vLLM's block manager; the
@@ -43,12 +43,11 @@ class PageNames:
     does too; otherwise (vLLM rehashed the request) the cache starts over.
     """
 
-    __slots__ = ("raws", "hashes", "salt")
+    __slots__ = ("raws", "hashes")
 
-    def __init__(self, salt: str):
+    def __init__(self) -> None:
         self.raws: list[bytes] = []  # vLLM scheme: the block hash naming each page
         self.hashes: list[str] = []
-        self.salt = salt
 
     def first(self, scheme: KeyScheme, request: Any, block_size: int, num_pages: int) -> list[str]:
         """The request's first ``num_pages`` page hashes (fewer if not hashed yet; none when

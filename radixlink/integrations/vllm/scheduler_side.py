@@ -258,7 +258,7 @@ class SchedulerSide:
         ``PageNames`` (hashed once, extended as the request grows, checked against vLLM's)."""
         names = self._names.get(request.request_id)
         if names is None:
-            names = self._names[request.request_id] = PageNames(request.cache_salt or "")
+            names = self._names[request.request_id] = PageNames()
         return names.first(self._scheme, request, self._block_size, num_pages)
 
     def _template(self, index: int, rank: int, salt: str) -> tuple[str, str]:

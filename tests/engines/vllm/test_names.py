@@ -66,7 +66,7 @@ def test_page_names_follow_vllm_hashes_as_they_grow_and_are_redone(block_size,
         count = min(num_pages, len(hashes) // ratio)
         return [bytes(hashes[(i + 1) * ratio - 1]).hex() for i in range(count)]
 
-    names = PageNames("")
+    names = PageNames()
     assert names.first(scheme, req, block_size, 2) == expected(2)
     assert names.first(scheme, req, block_size, 99) == expected(99) and len(expected(99)) == 4
     req.append_output_token_ids(tokens[4 * block_size :])  # vLLM hashes the new blocks
