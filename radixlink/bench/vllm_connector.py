@@ -1,9 +1,10 @@
 """Bench: RadixlinkConnector costs on CPU, side by side in one run (needs vLLM: run it with
 ``.venv-vllm/bin/python -m radixlink.bench.vllm_connector``; the bench package never imports it).
 
-1. Scheduler side, per request: lookup (hit and miss), load plan, save planning of every step
-   and the finish hook, on vLLM's own ``Request`` objects and a ``memory://`` store; vLLM's
-   block hashing of the same request is timed beside it for scale.
+1. Scheduler side, per request, each phase timed alone on a fresh request: lookup (hit and
+   miss), load plan, save planning of every step and the finish hook, on vLLM's own
+   ``Request`` objects and a ``memory://`` store; vLLM's block hashing of the same request
+   (building the ``Request``, untimed in the phases) is timed beside it for scale.
 2. Worker side: page gather / scatter GB/s over LBNHC KV tensors, against a plain torch copy
    of the same bytes and an ``index_select`` of the same blocks from one contiguous tensor.
 """
@@ -42,11 +43,17 @@ def _vllm_config(model_dir: str, block_size: int, store: str) -> Any:
     )  # fmt: skip
 
 
-def _best_us(fn: Callable[[], Any], repeat: int) -> float:
-    """Median of ``repeat`` timings, in microseconds (after one warm-up call)."""
+def _best_us(fn: Callable[[], Any], repeat: int,
+             setup: Callable[[], Any] | None = None) -> float:
+    """Median of ``repeat`` timings of ``fn``, in microseconds (after one warm-up call);
+    ``setup`` runs untimed before each call."""
+    if setup is not None:
+        setup()
     fn()
     times = []
     for _ in range(repeat):
+        if setup is not None:
+            setup()
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -54,7 +61,8 @@ def _best_us(fn: Callable[[], Any], repeat: int) -> float:
 
 
 def bench_scheduler(num_tokens: int, block_size: int, repeat: int) -> dict[str, float]:
-    """Scheduler-side µs per request on a ``num_tokens`` prompt."""
+    """Scheduler-side µs per request on a ``num_tokens`` prompt, each phase timed alone
+    (requests are built untimed: building one is vLLM's block hashing, the reference)."""
     from vllm import SamplingParams
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.utils.hashing import sha256
@@ -71,10 +79,11 @@ def bench_scheduler(num_tokens: int, block_size: int, repeat: int) -> dict[str, 
                               kv_cache_groups=[KVCacheGroupSpec(["l0", "l1"], spec)])
     rng = random.Random(0)
     tokens = [rng.randrange(32000) for _ in range(num_tokens)]
+    count = iter(range(1 << 30))
 
-    def request(req_id: str) -> Request:
-        return Request(request_id=req_id, prompt_token_ids=tokens, pooling_params=None,
-                       sampling_params=SamplingParams(max_tokens=1),
+    def request(req_id: str = "") -> Request:
+        return Request(request_id=req_id or f"r{next(count)}", prompt_token_ids=tokens,
+                       pooling_params=None, sampling_params=SamplingParams(max_tokens=1),
                        block_hasher=get_request_block_hasher(block_size, sha256))
 
     with tempfile.TemporaryDirectory() as model_dir:
@@ -83,32 +92,43 @@ def bench_scheduler(num_tokens: int, block_size: int, repeat: int) -> dict[str, 
         side = conn.scheduler_side
         num_pages = (num_tokens - 1) // block_size
         blocks = SimpleNamespace(get_block_ids=lambda: (list(range(1, num_pages + 2)),))
-        miss_req = request("miss")
-        results = {"vllm block hashing (reference)": _best_us(lambda: request("h"), repeat)}
-        results["lookup, miss"] = _best_us(lambda: conn.get_num_new_matched_tokens(miss_req, 0),
-                                           repeat)  # fmt: skip
+        results = {"vllm block hashing (reference)": _best_us(request, repeat)}
+        # a fresh request per call: nothing cached from an earlier call of the same request
+        fresh: list[Request] = []
+
+        def new_request() -> None:
+            fresh[:] = [request()]
+            conn.on_new_request(fresh[0])
+
+        results["lookup, miss"] = _best_us(
+            lambda: conn.get_num_new_matched_tokens(fresh[0], 0), repeat, new_request)
         # store every page, as a node that computed the prompt would have
-        req = request("hit")
-        side.store.put({k: b"x" for k in side.page_keys(req, num_pages)})
-        results["lookup, full hit"] = _best_us(lambda: conn.get_num_new_matched_tokens(req, 0),
-                                               repeat)  # fmt: skip
+        side.store.put({k: b"x" for k in side.page_keys(request("hit"), num_pages)})
+        results["lookup, full hit"] = _best_us(
+            lambda: conn.get_num_new_matched_tokens(fresh[0], 0), repeat, new_request)
+
+        def looked_up() -> None:
+            new_request()
+            conn.get_num_new_matched_tokens(fresh[0], 0)
 
         def plan_and_meta() -> None:
-            conn.get_num_new_matched_tokens(req, 0)
-            conn.update_state_after_alloc(req, blocks, num_pages * block_size)  # type: ignore
-            conn.build_connector_meta(_step(req, num_tokens, blocks))
+            conn.update_state_after_alloc(fresh[0], blocks, num_pages * block_size)  # type: ignore
+            conn.build_connector_meta(_step(fresh[0], num_tokens, blocks))
 
-        results["load plan + step meta"] = _best_us(plan_and_meta, repeat)
+        results["load plan + step meta"] = _best_us(plan_and_meta, repeat, looked_up)
 
         def save_and_finish() -> None:
-            fresh = request("save")
-            conn.on_new_request(fresh)
-            conn.build_connector_meta(_step(fresh, num_tokens, blocks))
-            fresh.num_computed_tokens = num_tokens
-            conn.request_finished_all_groups(fresh, blocks.get_block_ids())
-            conn.build_connector_meta(_step(fresh, 0, blocks))
+            req = fresh[0]
+            conn.build_connector_meta(_step(req, num_tokens, blocks))
+            req.num_computed_tokens = num_tokens
+            conn.request_finished_all_groups(req, blocks.get_block_ids())
+            conn.build_connector_meta(_step(req, 0, blocks))
 
-        results["save plan (prefill step) + finish"] = _best_us(save_and_finish, repeat)
+        results["save plan (prefill step) + finish"] = _best_us(save_and_finish, repeat,
+                                                                new_request)
+        results["scheduler side (full hit + load + save)"] = (
+            results["lookup, full hit"] + results["load plan + step meta"]
+            + results["save plan (prefill step) + finish"])
         conn.shutdown()
     return results
 
@@ -157,15 +177,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--blocks", type=int, default=512, help="KV blocks per layer")
     parser.add_argument("--batch", type=int, default=64, help="pages per gather / scatter")
     parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--part", choices=("all", "scheduler", "worker"), default="all",
+                        help="which half to run")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     torch.set_num_threads(1)
     print(f"config: {vars(args)}, torch {torch.__version__}, 1 thread")
+    if args.part != "worker":
+        _print_scheduler(args)
+    if args.part != "scheduler":
+        _print_worker(args)
+
+
+def _print_scheduler(args: argparse.Namespace) -> None:
     sched = bench_scheduler(args.tokens, args.block_size, args.repeat)
     print(f"\nscheduler side, {args.tokens}-token request ({args.tokens // args.block_size} "
           "pages), memory:// store, median µs")
+    ref = sched["vllm block hashing (reference)"]
     for name, us in sched.items():
-        print(f"  {name:40s} {us:10.1f}")
+        print(f"  {name:40s} {us:10.1f}  ({us / ref:.2f}x vLLM's hashing)")
+
+
+def _print_worker(args: argparse.Namespace) -> None:
     work = bench_worker(args.layers, args.blocks, args.batch, args.repeat)
     page_mib = args.layers * 16 * 8 * 256 * 2 / 2**20
     print(f"\nworker side, {args.batch} pages of {page_mib:.2f} MiB ({args.layers} layers, fp16, "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from radixlink.contract import PoolName
@@ -60,10 +61,8 @@ class KeyScheme:
 
     def namespace_id(self, group: GroupLayout, cache_salt: str = "") -> str:
         """The namespace id of ``group``'s pages (plus the request's salt for token chains)."""
-        return Namespace(
-            model=self.model, layout=group.description, cache_salt=cache_salt,
-            extra_key=f"{self.scheme}:{self.algo}",
-        ).id  # fmt: skip
+        return _namespace_id(self.model, group.description, cache_salt,
+                             f"{self.scheme}:{self.algo}")  # fmt: skip
 
     def page_hashes(
         self, request: Any, block_size: int, num_pages: int, known: Sequence[str] = ()
@@ -100,8 +99,26 @@ class KeyScheme:
         self, group: GroupLayout, hashes: Sequence[str], rank: int, cache_salt: str = ""
     ) -> list[str]:
         """The store keys of ``hashes`` in ``group`` on TP rank ``rank``."""
-        ns_id = self.namespace_id(group, cache_salt if self.scheme == "token_chain" else "")
-        return page_keys(ns_id, group.pool, hashes, rank)
+        return page_keys(self._ns_id(group, cache_salt), group.pool, hashes, rank)
+
+    def template(self, group: GroupLayout, rank: int, cache_salt: str = "") -> tuple[str, str]:
+        """The key prefix and suffix of ``group``'s pages on ``rank``: a page's key is
+        ``prefix + hash + suffix``, the bytes ``keys`` builds."""
+        key = page_keys(self._ns_id(group, cache_salt), group.pool, [_HOLE], rank)[0]
+        head, tail = key.split(_HOLE)
+        return head, tail
+
+    def _ns_id(self, group: GroupLayout, cache_salt: str) -> str:
+        return self.namespace_id(group, cache_salt if self.scheme == "token_chain" else "")
+
+
+_HOLE = "{}"  # NOTE: a hash stand-in no namespace id (hex) or pool name contains
+
+
+@lru_cache(maxsize=4096)
+def _namespace_id(model: str, layout: str, cache_salt: str, extra_key: str) -> str:
+    """Namespace ids, memoised: one per group and cache salt, asked for at every lookup."""
+    return Namespace(model=model, layout=layout, cache_salt=cache_salt, extra_key=extra_key).id
 
 
 def group_layouts(

@@ -16,11 +16,13 @@ from radixlink.contract import PoolHitPolicy
 from radixlink.errors import StoreError
 from radixlink.integrations.vllm.keys import GroupLayout, KeyScheme
 from radixlink.integrations.vllm.metadata import GroupPages, PageJob, RadixlinkMetadata
+from radixlink.integrations.vllm.names import PageNames, join_keys
 from radixlink.linker.restorable import PoolPresence, largest_common, restorable_prefix_pages
 from radixlink.stores import pageio
 from radixlink.stores.base import Store
 
 logger = logging.getLogger(__name__)
+_MAX_TEMPLATES = 4096  # (group, rank, salt) key prefixes cached; then the cache starts over
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,7 +66,9 @@ class SchedulerSide:
         self._requests: dict[str, Any] = {}
         self._lookups: dict[str, tuple[int, int]] = {}  # req -> (local pages, hit pages)
         self._saved: dict[str, int] = {}  # req -> leading pages stored (or skipped)
-        self._hashes: dict[str, list[str]] = {}  # req -> page hashes known so far
+        self._names: dict[str, PageNames] = {}  # req -> page hashes known so far
+        self._templates: dict[tuple[int, int, str], tuple[str, str]] = {}  # key prefixes
+        self._all_pages = all(g.window_pages == 0 for g in self._layouts)
         self._loading: dict[str, _Loading] = {}
         self._load_failed: set[str] = set()  # requests whose load failed: no store hit again
         self._behind_hole: set[str] = set()  # pages stored past a missing one: never verified
@@ -98,11 +102,10 @@ class SchedulerSide:
         if not tail:
             return 0
         salt = request.cache_salt or ""
-        per_rank = [
-            [self._scheme.keys(g, tail, rank, salt) for g in self._layouts]
-            for rank in range(self._tp_size)
-        ]
-        flat = [key for rank_keys in per_rank for keys in rank_keys for key in keys]
+        flat: list[str] = []
+        for rank in range(self._tp_size):
+            for i in range(len(self._layouts)):
+                flat += join_keys(self._template(i, rank, salt), tail)
         self.num_lookups += 1
         try:
             present = pageio.present(self.store, flat)
@@ -110,11 +113,7 @@ class SchedulerSide:
             self.num_store_errors += 1
             logger.warning("radixlink lookup failed, treating as a miss: %s", exc)
             return 0
-        hit = largest_common([
-            restorable_prefix_pages(len(tail), self._presence(present, rank, len(tail)))
-            .restorable_prefix_pages
-            for rank in range(self._tp_size)
-        ])  # fmt: skip
+        hit = self._hit(present, len(tail))
         self._lookups[request.request_id] = (local, hit)
         self.num_hit_pages += hit
         if _present_behind(present, len(tail), hit):
@@ -135,9 +134,10 @@ class SchedulerSide:
         hashes = self._page_hashes(request, local + num_pages)[local:]
         job = self._job(request, blocks.get_block_ids(), local, hashes, finishing=False)
         self._loads.append(job)
+        groups = job.groups
         self._loading[req_id] = _Loading(
-            local=local, num_pages=len(hashes), first_group=job.groups[0].block_ids,
-            block_ids=frozenset(b for g in job.groups for b in g.block_ids),
+            local=local, num_pages=len(hashes), first_group=groups[0].block_ids,
+            block_ids=frozenset(groups[0].block_ids).union(*(g.block_ids for g in groups[1:])),
         )  # fmt: skip
         self._saved[req_id] = max(self._saved[req_id], local + len(hashes))
 
@@ -169,7 +169,7 @@ class SchedulerSide:
         job = None
         if self._save and req_id in self._requests:
             job = self._save_job(request, block_ids, request.num_computed_tokens, True)
-        for table in (self._requests, self._lookups, self._saved, self._hashes, self._loading):
+        for table in (self._requests, self._lookups, self._saved, self._names, self._loading):
             table.pop(req_id, None)
         self._load_failed.discard(req_id)
         self._behind_hole.discard(req_id)
@@ -216,7 +216,8 @@ class SchedulerSide:
         group (for tools and benchmarks; the hot path builds them per lookup)."""
         hashes = self._page_hashes(request, num_pages)
         salt = request.cache_salt or ""
-        return [k for g in self._layouts for k in self._scheme.keys(g, hashes, rank, salt)]
+        return [k for i in range(len(self._layouts))
+                for k in join_keys(self._template(i, rank, salt), hashes)]  # fmt: skip
 
     def _save_job(self, request: Any, block_ids: Sequence[Sequence[int]], end_tokens: int,
                   finishing: bool) -> PageJob | None:  # fmt: skip
@@ -238,32 +239,49 @@ class SchedulerSide:
              overwrite: bool = False) -> PageJob:  # fmt: skip
         groups = []
         null = self._null_block_id
+        all_hashes = tuple(hashes)
         for g in self._layouts:
             ids = block_ids[g.group_id][start : start + len(hashes)]
-            pairs = [(b, h) for b, h in zip(ids, hashes) if b != null]
-            groups.append(GroupPages(
-                group_id=g.group_id, block_ids=tuple(b for b, _ in pairs),
-                hashes=tuple(h for _, h in pairs),
-            ))  # fmt: skip
+            if null in ids:  # NOTE: SWA blocks out of the window: no page to move
+                pairs = [(b, h) for b, h in zip(ids, hashes) if b != null]
+                groups.append(GroupPages(group_id=g.group_id, block_ids=tuple(b for b, _ in pairs),
+                                         hashes=tuple(h for _, h in pairs)))  # fmt: skip
+            else:
+                groups.append(GroupPages(group_id=g.group_id, block_ids=tuple(ids),
+                                         hashes=all_hashes[: len(ids)]))  # fmt: skip
         return PageJob(req_id=request.request_id, groups=tuple(groups),
                        cache_salt=request.cache_salt or "", finishing=finishing,
                        overwrite=overwrite)  # fmt: skip
 
     def _page_hashes(self, request: Any, num_pages: int) -> list[str]:
-        """The request's first ``num_pages`` page hashes (fewer if not hashed yet).
+        """The request's first ``num_pages`` page hashes (fewer if not hashed yet), from its
+        ``PageNames`` (hashed once, extended as the request grows, checked against vLLM's)."""
+        names = self._names.get(request.request_id)
+        if names is None:
+            names = self._names[request.request_id] = PageNames()
+        return names.first(self._scheme, request, self._block_size, num_pages)
 
-        Token chains are cached per request and extended; vLLM hashes are read fresh (vLLM
-        may rehash a resumed streaming request)."""
-        if self._scheme.scheme == "vllm":
-            return self._scheme.page_hashes(request, self._block_size, num_pages) or []
-        known = self._hashes.get(request.request_id, [])
-        if len(known) >= num_pages:
-            return known[:num_pages]
-        hashes = self._scheme.page_hashes(request, self._block_size, num_pages, known)
-        if hashes is None:
-            return []
-        self._hashes[request.request_id] = hashes
-        return hashes
+    def _template(self, index: int, rank: int, salt: str) -> tuple[str, str]:
+        """The key prefix and suffix of layout ``index`` on ``rank`` under ``salt``."""
+        template = self._templates.get((index, rank, salt))
+        if template is None:
+            if len(self._templates) >= _MAX_TEMPLATES:
+                self._templates.clear()  # NOTE: bounded with unbounded tenants (cache salts)
+            template = self._scheme.template(self._layouts[index], rank, salt)
+            self._templates[(index, rank, salt)] = template
+        return template
+
+    def _hit(self, present: list[bool], num_pages: int) -> int:
+        """The longest tail every group and rank can restore (``present``: ``num_pages``
+        flags per group and rank, one run after another)."""
+        if self._all_pages:  # NOTE: full attention only: the shortest leading run
+            runs = (present[i : i + num_pages] for i in range(0, len(present), num_pages))
+            return min(run.index(False) if False in run else num_pages for run in runs)
+        return largest_common([
+            restorable_prefix_pages(num_pages, self._presence(present, rank, num_pages))
+            .restorable_prefix_pages
+            for rank in range(self._tp_size)
+        ])  # fmt: skip
 
     def _presence(self, present: Sequence[bool], rank: int, num_pages: int) -> list[PoolPresence]:
         base = rank * len(self._layouts) * num_pages
