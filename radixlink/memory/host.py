@@ -74,7 +74,11 @@ class StagingArena:
                 self._counts["staging_reuses"] += 1
                 return free.pop()
             self._counts["staging_allocs"] += 1
-        buffer = torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
+        # NOTE: never an inference tensor, even when first asked for under an engine's
+        # torch.inference_mode (vLLM's model runner): a reused buffer is written in place on
+        # I/O threads, where an inference tensor refuses in-place updates.
+        with torch.inference_mode(False):
+            buffer = torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
         return buffer, buffer.numpy().data
 
     def release(self, buffer: torch.Tensor, view: memoryview) -> None:

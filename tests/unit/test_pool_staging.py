@@ -4,6 +4,8 @@ paths agreeing byte for byte."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -94,3 +96,29 @@ def test_out_with_overlapping_rows_is_refused() -> None:
     out = flat.as_strided((2, pool.layout.page_bytes), (8, 1))
     with pytest.raises(ValueError, match="non-overlapping rows"):
         pool.read_pages(_slots_of([1, 2], 4), out=out)
+
+
+def test_a_staging_buffer_first_taken_in_inference_mode_is_writable_on_another_thread() -> None:
+    """vLLM runs its model (and the connector's save gather) under ``torch.inference_mode``; a
+    buffer the arena allocated there and handed out again to an I/O thread must take in-place
+    writes outside inference mode (an inference tensor refuses them: every such save failed)."""
+    arena = StagingArena()
+    with torch.inference_mode():
+        buffer, view = arena.acquire(4096)
+        buffer[:8].copy_(torch.arange(8, dtype=torch.uint8))  # the engine thread's gather
+    arena.release(buffer, view)
+    errors: list[BaseException] = []
+
+    def io_thread() -> None:
+        again, _ = arena.acquire(4096)
+        assert again is buffer, "the arena should reuse the released buffer"
+        try:
+            again[:8].copy_(torch.zeros(8, dtype=torch.uint8))  # encode in place
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=io_thread)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    assert not buffer.is_inference()
