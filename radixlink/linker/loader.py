@@ -223,9 +223,10 @@ class Loader:
                 if t is not None:
                     self.parts.stored.discard(t.name, t.keys)
         reason = "" if ok else failure_reason(done, transfer, self.closed)
+        match = None
         if ok:
             try:
-                publish(cache, cache.components, reservation)
+                match = publish(cache, cache.components, reservation)
             except ValueError as exc:  # the insert refused before changing anything
                 ok, reason = False, f"publish refused: {exc}"
                 stats["failures_publish"] += 1
@@ -248,7 +249,8 @@ class Loader:
             model.observe_load(Source.STORE, done.num_bytes, done.seconds)
         stats["loaded_bytes"] += done.num_bytes
         stats["loaded_pages"] += len(reservation.lookup.keys)
-        outcomes = success_outcomes(cache, transfer)
+        assert match is not None
+        outcomes = success_outcomes(cache, transfer, match)
         cache.unlock(reservation.handle)
         for outcome in outcomes:
             stats["loaded_tokens"] += outcome.loaded_len  # the store tier's hits
@@ -276,11 +278,11 @@ class Loader:
 # ---------------------------------------------------------------- outcomes
 
 
-def success_outcomes(cache: Any, transfer: Transfer) -> list[LoadOutcome]:
-    """Per member of a published transfer: the restored prefix (read-only peek), a lock on it
-    taken for the member, and the member's own lock on its device prefix released."""
+def success_outcomes(cache: Any, transfer: Transfer, match: MatchResult) -> list[LoadOutcome]:
+    """Per member of a published transfer: the restored prefix (``match``, the publish's
+    read-only peek), a lock on it taken for the member, and the member's own lock on its
+    device prefix released."""
     lookup = transfer.reservation.lookup
-    match = cache.match_prefix(lookup.tokens, namespace=lookup.namespace, touch=False)
     loaded_len = max(0, match.prefix_len - lookup.prefix_len)
     out = []
     for member in transfer.members:

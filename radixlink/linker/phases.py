@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from radixlink.components.base import ComponentLoad
-from radixlink.contract import InsertParams, InsertResult, PoolName, PoolTransfer
+from radixlink.contract import InsertParams, InsertResult, MatchResult, PoolName, PoolTransfer
 from radixlink.linker.lookup import Lookup
 
 logger = logging.getLogger(__name__)
@@ -125,11 +125,11 @@ def abort(components: Sequence[Any], reservation: Reservation) -> None:
     reservation.loads, reservation.transfers = [], []
 
 
-def publish(cache: Any, components: Sequence[Any], reservation: Reservation) -> InsertResult:
+def publish(cache: Any, components: Sequence[Any], reservation: Reservation) -> MatchResult:
     """Insert the locked device prefix plus the verified loaded slots (tracking adoption, not
     a hit, no linker callback: the lookup's page keys go with it), then COMMIT every
     component, and check the tree now serves every loaded token (the restored length is the
-    loaded length).
+    loaded length). Returns that read-only match of the restored prefix.
 
     Raises:
         ShortRestore: the tree serves less than ``len(lookup.tokens)`` after the publish (the
@@ -163,8 +163,9 @@ def publish(cache: Any, components: Sequence[Any], reservation: Reservation) -> 
     for component, load in zip(components, reservation.loads):
         if load is not None:
             component.commit_load(load, result)
-    served = cache.match_prefix(lookup.tokens, namespace=lookup.namespace,
-                                touch=False).prefix_len
+    match: MatchResult = cache.match_prefix(lookup.tokens, namespace=lookup.namespace,
+                                            touch=False)
+    served = match.prefix_len
     if served < len(lookup.tokens):
         reservation.loads, reservation.transfers = [], []  # NOTE: the insert took every slot
         message = (f"restored {served} of {len(lookup.tokens)} tokens after publishing a load "
@@ -172,4 +173,4 @@ def publish(cache: Any, components: Sequence[Any], reservation: Reservation) -> 
                    "loaded: a short SWA window or a missing state)")
         logger.warning("load failure: %s", message)
         raise ShortRestore(message)
-    return result
+    return match
