@@ -90,3 +90,16 @@ def tokens_of(pool: MHATokenToKVPoolHost, indices: torch.Tensor) -> torch.Tensor
 def page_hashes(tokens: list[int]) -> list[str]:
     """SGLang's own page keys for ``tokens`` (get_hash_str)."""
     return list(get_hash_str(tokens, None, page_size=PAGE))
+
+
+def saved(url: str, tokens: list[int], seed: int) -> tuple[Any, MHATokenToKVPoolHost,
+                                                            list[str], torch.Tensor]:
+    """A page-first HiCache backend on store ``url`` that saved ``tokens``' pages (data from
+    ``seed``): ``(backend, host pool, page keys, host slots)``."""
+    keys = page_hashes(tokens)
+    pool = host_pool("page_first")
+    node = make_backend("dynamic", {**BACKEND, "store": url}, pool)
+    src = pool.alloc(len(tokens))
+    fill(pool, src, seed=seed)
+    assert all(node.batch_set_v1(keys, src))
+    return node, pool, keys, src

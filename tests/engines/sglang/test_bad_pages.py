@@ -19,12 +19,8 @@ from radixlink.stores.registry import open_store  # noqa: E402
 
 from .harness import FULL  # noqa: E402
 from .hicache_harness import (  # noqa: E402
-    BACKEND,
     PAGE,
-    fill,
-    host_pool,
-    make_backend,
-    page_hashes,
+    saved,
     tokens_of,
 )
 
@@ -75,12 +71,7 @@ def test_hicache_two_bad_pages_are_deleted_and_written_again(file_url: str) -> N
     """Pages 1 and 4 of 6 damaged: both read False (their neighbours load), both are deleted,
     so presence stops at page 1 and SGLang's write-back sets them again; then all 6 load."""
     prompt = list(range(7, 7 + 6 * PAGE))
-    keys = page_hashes(prompt)
-    pool = host_pool("page_first")
-    node = make_backend("dynamic", {**BACKEND, "store": file_url}, pool)
-    src = pool.alloc(len(prompt))
-    fill(pool, src, seed=6)
-    assert all(node.batch_set_v1(keys, src))
+    node, pool, keys, src = saved(file_url, prompt, seed=6)
     store = open_store(file_url)
     (flip,), (cut,) = _kv_key(store, keys[1]), _kv_key(store, keys[4])
     _damage(store, flip, cut)

@@ -22,6 +22,7 @@ from .hicache_harness import (  # noqa: E402
     host_pool,
     make_backend,
     page_hashes,
+    saved,
     tokens_of,
 )
 
@@ -53,12 +54,7 @@ def test_round_trip_between_nodes_on_every_layout(store_url: str, writer_layout:
 
 def test_corrupt_page_is_a_per_page_false(file_url: str) -> None:
     """A page whose bytes changed in the store reads as False; its neighbours still load."""
-    keys = page_hashes(PROMPT)
-    pool = host_pool("page_first")
-    node = make_backend("dynamic", {**BACKEND, "store": file_url}, pool)
-    src = pool.alloc(len(PROMPT))
-    fill(pool, src, seed=4)
-    assert all(node.batch_set_v1(keys, src))
+    node, pool, keys, src = saved(file_url, PROMPT, seed=4)
     store = open_store(file_url)
     (victim,) = [k for k, _ in store.scan() if keys[2] in k]
     blob = bytearray(store.get([victim])[0])
