@@ -1,7 +1,8 @@
 """Timed Mooncake-format requests for `radixlink bench cluster`: arrival times, lengths, block ids,
 each prompt's tokens (built on demand) and its page hashes (computed once per trace).
 
-Owns trace parsing with timestamps and prompt construction. Must not simulate anything.
+Owns Mooncake-format trace parsing (`bench trace` reads through it too) and prompt
+construction. Must not simulate anything.
 """
 
 from __future__ import annotations
@@ -27,15 +28,18 @@ class TimedRequest:
     hash_ids: tuple[int, ...]
 
 
-def parse_timed_trace(lines: Iterable[str], block_size: int, limit: int | None = None
-                      ) -> list[TimedRequest]:
-    """Requests of a Mooncake-format JSONL trace (``timestamp`` ms, ``input_length``,
-    ``output_length``, ``hash_ids``), sorted by arrival, times relative to the first.
+def parse_records(lines: Iterable[str], block_size: int, limit: int | None = None, *,
+                  timed: bool = True) -> list[TimedRequest]:
+    """The Mooncake-format JSONL records (``timestamp`` ms, ``input_length``, ``output_length``,
+    ``hash_ids``) in file order, arrival times as written; ``timed=False`` needs no
+    ``timestamp`` (arrivals are then 0). The one parser of the format: `bench trace` and
+    `bench cluster` both read through it.
 
     Raises:
         ValueError: a line without those fields, a negative time, or a prompt longer than its
             blocks (usually a wrong ``--block-size``).
     """
+    what = "a Mooncake record with a timestamp" if timed else "a Mooncake record"
     out: list[TimedRequest] = []
     for num, line in enumerate(lines, 1):
         if limit is not None and len(out) >= limit:
@@ -44,18 +48,25 @@ def parse_timed_trace(lines: Iterable[str], block_size: int, limit: int | None =
             continue
         try:
             obj = json.loads(line)
-            req = TimedRequest(float(obj["timestamp"]) / 1000.0, int(obj["input_length"]),
+            arrival_s = float(obj["timestamp"]) / 1000.0 if timed else 0.0
+            req = TimedRequest(arrival_s, int(obj["input_length"]),
                                int(obj.get("output_length", 0)),
                                tuple(int(i) for i in obj["hash_ids"]))
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"trace line {num} is not a Mooncake record with a timestamp "
-                             f"({exc!r})") from None
+            raise ValueError(f"trace line {num} is not {what} ({exc!r})") from None
         if req.arrival_s < 0 or not 0 < req.input_len <= len(req.hash_ids) * block_size:
-            raise ValueError(f"trace line {num}: timestamp {req.arrival_s * 1000:g} ms, "
-                             f"input_length {req.input_len} with {len(req.hash_ids)} blocks of "
-                             f"{block_size} tokens; check --block-size")
+            at = f"timestamp {req.arrival_s * 1000:g} ms, " if timed else ""
+            raise ValueError(f"trace line {num}: {at}input_length {req.input_len} with "
+                             f"{len(req.hash_ids)} blocks of {block_size} tokens; "
+                             "check --block-size")
         out.append(req)
-    out.sort(key=lambda r: r.arrival_s)
+    return out
+
+
+def parse_timed_trace(lines: Iterable[str], block_size: int, limit: int | None = None
+                      ) -> list[TimedRequest]:
+    """`parse_records`, sorted by arrival, times relative to the first request."""
+    out = sorted(parse_records(lines, block_size, limit), key=lambda r: r.arrival_s)
     first = out[0].arrival_s if out else 0.0
     return [TimedRequest(r.arrival_s - first, r.input_len, r.output_len, r.hash_ids)
             for r in out]

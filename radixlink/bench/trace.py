@@ -8,7 +8,6 @@ Owns trace parsing, deterministic block tokens, routing and the replay loop. Dri
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from radixlink.bench.cluster_trace import parse_records
 from radixlink.bench.common import machine_info, parse_tokens, print_table, write_json
 from radixlink.bench.trace_replay import ReplayConfig, replay
 
@@ -39,30 +39,10 @@ class TraceRequest:
 
 def parse_trace(lines: Iterable[str], block_size: int, limit: int | None = None
                 ) -> list[TraceRequest]:
-    """Requests of a Mooncake-format JSONL trace (``input_length``, ``hash_ids``).
-
-    Raises:
-        ValueError: a line without those fields, or a prompt longer than its blocks (usually
-            a wrong ``--block-size``).
-    """
-    out: list[TraceRequest] = []
-    for num, line in enumerate(lines, 1):
-        if limit is not None and len(out) >= limit:
-            break
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            req = TraceRequest(int(obj["input_length"]), tuple(int(i) for i in obj["hash_ids"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"trace line {num} is not a Mooncake record ({exc!r})") from None
-        if req.input_len > len(req.hash_ids) * block_size or req.input_len <= 0:
-            raise ValueError(
-                f"trace line {num}: input_length={req.input_len} does not fit "
-                f"{len(req.hash_ids)} blocks of {block_size} tokens; check --block-size"
-            )
-        out.append(req)
-    return out
+    """Requests of a Mooncake-format JSONL trace (``input_length``, ``hash_ids``; no timestamp
+    needed), read by `parse_records`, which raises the format's errors."""
+    return [TraceRequest(r.input_len, r.hash_ids)
+            for r in parse_records(lines, block_size, limit, timed=False)]
 
 
 def load_trace(path: str | Path, block_size: int, limit: int | None = None
