@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Sequence
 from urllib.parse import unquote
 
 # NOTE: O_NOFOLLOW refuses a symlink at the page name (ELOOP); O_NONBLOCK makes opening a FIFO
@@ -59,32 +60,65 @@ def read_page(path: str, max_bytes: int, touch_before: float | None) -> bytes:
         os.close(fd)
 
 
-def read_page_into(path: str, buffer: memoryview, max_bytes: int,
-                   touch_before: float | None) -> int:
-    """Read the page file at ``path`` into the start of ``buffer`` (no allocation): the same
-    rules as ``read_page``. Returns the file's size; of a file larger than ``buffer`` (but
+def read_pages_into(paths: Sequence[str | None], buffers: Sequence[memoryview],
+                    max_bytes: int, touch_before: float | None
+                    ) -> tuple[list[int | None], int, int]:
+    """Read each page file into the start of its buffer (no allocation), with ``read_page``'s
+    rules for untrusted files; a None path is a miss. Of a file larger than its buffer (but
     within ``max_bytes``) only the first ``len(buffer)`` bytes are read, its size says so. A
-    file that shrank under the read returns the bytes actually read (the codec sees a
-    truncated page, a miss).
+    file that shrank under the read gives the bytes actually read (the codec sees a truncated
+    page, a miss).
 
-    Raises:
-        FileNotFoundError, NotAPage, OSError: as ``read_page``.
+    Returns:
+        Each file's size (None: no page, refused or unreadable), the number refused (a
+        symlink, not a regular file, over ``max_bytes``) and the number of read errors.
     """
-    fd, st = _open_page(path, max_bytes)
-    try:
-        size = st.st_size
-        want = min(size, buffer.nbytes)
-        # NOTE: one readv per page straight into the caller's buffer; loop only if short.
-        done = os.readv(fd, [buffer[:want]])
-        while done < want:
-            part = os.readv(fd, [buffer[done:want]])
-            if not part:
-                return done
-            done += part
-        _touch(fd, st, touch_before)
-        return size
-    finally:
-        os.close(fd)
+    # NOTE: one loop with no call per page besides the syscalls (open, fstat, readv, close),
+    # the four a hardened read of one file takes: Python between them was a third of a
+    # 64 KiB page's read time on tmpfs.
+    sizes: list[int | None] = []
+    refused = errors = 0
+    open_, fstat, readv, close, is_reg = os.open, os.fstat, os.readv, os.close, stat.S_ISREG
+    for path, buffer in zip(paths, buffers, strict=True):
+        if path is None:
+            sizes.append(None)
+            continue
+        try:
+            fd = open_(path, READ_FLAGS)
+        except FileNotFoundError:
+            sizes.append(None)
+            continue
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # the page name is a symlink
+                refused += 1
+            else:
+                errors += 1
+            sizes.append(None)
+            continue
+        try:
+            st = fstat(fd)
+            size = st.st_size
+            if not is_reg(st.st_mode) or size > max_bytes:
+                refused += 1
+                sizes.append(None)
+                continue
+            want = min(size, buffer.nbytes)
+            done = readv(fd, [buffer[:want]]) if want else 0
+            while done < want:  # NOTE: short only if the file shrank under the read
+                part = readv(fd, [buffer[done:want]])
+                if not part:
+                    size = done
+                    break
+                done += part
+            if touch_before is not None and st.st_mtime < touch_before:
+                _touch(fd, st, touch_before)
+            sizes.append(size)
+        except OSError:
+            errors += 1
+            sizes.append(None)
+        finally:
+            close(fd)
+    return sizes, refused, errors
 
 
 def _open_page(path: str, max_bytes: int) -> tuple[int, os.stat_result]:

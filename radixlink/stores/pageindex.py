@@ -47,11 +47,20 @@ class PageIndex:
     def observe(self, keys: Sequence[str], sizes: Sequence[int | None], touch: bool) -> None:
         """Fold what a read saw on disk into the index (other processes add and evict)."""
         with self._lock:
+            index = self._index
             for key, size_ in zip(keys, sizes, strict=True):
                 if size_ is None:
-                    self._bytes -= self._index.pop(key, 0)
-                elif touch or key not in self._index:
-                    self._set(key, size_)
+                    self._bytes -= index.pop(key, 0)
+                    continue
+                known = index.get(key)
+                if known is None:
+                    index[key] = size_  # NOTE: a new key goes last, the most recently used
+                    self._bytes += size_
+                elif touch:
+                    if known != size_:  # another process rewrote it
+                        index[key] = size_
+                        self._bytes += size_ - known
+                    index.move_to_end(key)
             if touch:
                 hits = sum(size_ is not None for size_ in sizes)
                 self._counts["hits"] += hits

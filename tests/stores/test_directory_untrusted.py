@@ -110,6 +110,50 @@ def test_a_symlinked_shard_directory_is_neither_read_nor_written(tmp_path: Path)
     assert sorted(p.name for p in outside.iterdir()) == [outside_page.name]
 
 
+def test_get_into_applies_every_rule_within_one_batch(tmp_path: Path) -> None:
+    """The read path the linker takes (``get_into``), on one batch mixing every kind of
+    untrusted file with good pages: a huge file, a FIFO, a symlink to an old file outside, a
+    directory and a page behind a symlinked shard directory are counted refusals, read
+    nothing and touch nothing; a missing page is a plain miss; the good pages around them
+    land in their buffers, and an old good page has its mtime refreshed (LRU order)."""
+    store = DirectoryStore(tmp_path / "store")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = outside / "file"
+    target.write_bytes(b"x" * 64)
+    os.utime(target, (1_000_000, 1_000_000))
+    with open(_page_path(store, 1), "wb") as f:
+        f.truncate(1 << 30)
+    os.mkfifo(_page_path(store, 2))
+    _page_path(store, 3).symlink_to(target)
+    _page_path(store, 4).mkdir()
+    linked = next(i for i in range(100, 10_000)
+                  if Path(store.path_of(key(i))).parent != Path(store.path_of(key(0))).parent)
+    leaf = _page_path(store, linked).parent
+    shutil.rmtree(leaf)
+    leaf.symlink_to(outside)
+    (outside / Path(store.path_of(key(linked))).name).write_bytes(b"not the store's")
+    assert store.put({key(0): b"page zero", key(5): b"page five"}) == [True, True]
+    os.utime(store.path_of(key(5)), (1_000_000, 1_000_000))
+
+    fresh = DirectoryStore(tmp_path / "store")  # knows none of the leaves yet
+    wanted = [0, 1, 2, 3, 4, linked, 6, 5]
+    arena = memoryview(bytearray(64 * len(wanted)))
+    buffers = [arena[64 * i : 64 * (i + 1)] for i in range(len(wanted))]
+    started = time.monotonic()
+    sizes = fresh.get_into([key(i) for i in wanted], buffers)
+    assert time.monotonic() - started < 1.0  # nothing huge read, no FIFO waited on
+    assert sizes == [9, None, None, None, None, None, None, 9]
+    assert bytes(buffers[0][:9]) == b"page zero" and bytes(buffers[7][:9]) == b"page five"
+    assert all(bytes(b) == bytes(64) for b in buffers[1:7])
+    stats = fresh.stats()
+    assert stats["refused"] == 5 and stats["read_errors"] == 0, stats
+    assert stats["hits"] == 2 and stats["misses"] == 6, stats
+    assert target.stat().st_mtime == 1_000_000
+    assert os.stat(fresh.path_of(key(5))).st_mtime > 1_000_000
+    fresh.close()
+
+
 FULL_DISK = """
     import json, os, sys
     from radixlink.stores.directory import DirectoryStore
