@@ -101,6 +101,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for node in nodes:
             node.close()
         shutil.rmtree(tmp, ignore_errors=True)
+    versus = None
+    if args.versus_groups:
+        versus = _versus(args, model)
     load_added = sum(ttft["store hit"]) - sum(ttft["device hit"])
     loaded_bytes = loaded_tokens * _kv_bytes_per_token(model)
     rows = [{"case": name, "requests": len(v), "TTFT p50 s": _pct(v, 50),
@@ -115,7 +118,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                              / statistics.median(ttft["store hit"]), 2),
         "loaded_MB": round(loaded_bytes / 1e6, 1),
         "load_GBps_over_added_ttft": round(loaded_bytes / max(load_added, 1e-9) / 1e9, 3),
+        "versus_example": versus,
     }
+
+
+def _versus(args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """The first store hit against vLLM's ExampleConnector (``vllm_versus``): groups of
+    ``--versus-prompts`` prompts sharing a ``--prefix-tokens`` prefix, 32 tokens each after
+    it."""
+    from radixlink.bench import vllm_versus
+
+    groups, per_group = args.versus_groups, args.versus_prompts
+    prefixes = _prompts(model, groups, args.prefix_tokens)
+    tails = _prompts(model, groups * per_group, 128)
+    prompts = [[prefixes[g][: args.prefix_tokens] + tails[g * per_group + i][-32:]
+                for i in range(per_group)] for g in range(groups)]
+    tmp = Path(tempfile.mkdtemp(prefix="radixlink-bench-vllm-versus-"))
+    try:
+        return vllm_versus.run(model, tmp, prompts, args.new_tokens, _timed)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main(argv: list[str]) -> int:
@@ -125,6 +147,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--prompts", type=int_at_least(2), default=6)
     p.add_argument("--prefix-tokens", type=int_at_least(128), default=1000)
     p.add_argument("--new-tokens", type=int_at_least(1), default=8)
+    p.add_argument("--versus-groups", type=int_at_least(0), default=3,
+                   help="prompt groups of the first-store-hit comparison with vLLM's "
+                   "ExampleConnector (its median is over the groups; 0 skips it)")
+    p.add_argument("--versus-prompts", type=int_at_least(1), default=6,
+                   help="prompts per group, sharing the group's prefix")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
     from radixlink.integrations.vllm.demo import missing
@@ -142,6 +169,14 @@ def main(argv: list[str]) -> int:
     print(f"store hit TTFT {result['store_hit_vs_recompute_ttft']:.1f}x lower than recompute;"
           f" loaded {result['loaded_MB']} MB at {result['load_GBps_over_added_ttft']} GB/s "
           "over the TTFT the load adds to a device hit")
+    versus = result["versus_example"]
+    if versus is not None:
+        print()
+        print_table("first store hit: radixlink vs vLLM's ExampleConnector (same workload, "
+                    "directory stores on one filesystem)", versus["rows"])
+        print(f"first store-hit TTFT, radixlink / ExampleConnector: "
+              f"{versus['first_hit_ratio']:.3f}x (median over groups); the ExampleConnector "
+              f"stores {versus['store_bytes_ratio']:.2f}x the bytes")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
