@@ -55,13 +55,15 @@ class Revalidation:
         whose store call failed, has no opinion; a rank that found a page missing unmarks the
         node on all.
         """
-        stored = []
+        stored, stamps = [], []
         while node.parent is not None:
-            if node.external_cache_stored:
+            at = node.stored_at  # NOTE: None unless stored: one index read per node, not two
+            if at is not None:
                 stored.append(node)
+                stamps.append(at)
             node = node.parent
         limit = time.monotonic() - self.max_age_s
-        stale = [item for item in stored if (item.stored_at or 0.0) <= limit] if stored else []
+        stale = [item for item, at in zip(stored, stamps, strict=True) if at <= limit]
         if self.world_size == 1 and not stale:
             return
         if not stored:  # NOTE: the same on every rank: no collective is skipped on one only
