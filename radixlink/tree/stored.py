@@ -156,9 +156,13 @@ class StoredPages:
 
     def confirmed_at(self, hashes: Sequence[str]) -> float | None:
         """The oldest confirmation of the backbone pages ``hashes``, None unless all are."""
-        if not self.holds(hashes):
+        pages = self._pages.get(BACKBONE_POOL)
+        if not hashes or pages is None:
             return None
-        return min(map(self._pages[BACKBONE_POOL].__getitem__, hashes))
+        try:  # NOTE: one pass: a page missing from the index is the KeyError
+            return min(map(pages.__getitem__, hashes))
+        except KeyError:
+            return None
 
     def ticket(self, hashes: Sequence[str]) -> int:
         """The offload queued or in flight for these backbone pages (0: none)."""
