@@ -18,6 +18,8 @@ from urllib.parse import unquote
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev")
+# NOTE: the one place under /dev that holds real files: the shared-memory tmpfs, a store in RAM
+SHARED_MEMORY = "/dev/shm"
 _CHUNK = 1 << 24
 
 
@@ -203,13 +205,19 @@ def check_root(root: str) -> str:
 
     Raises:
         ValueError: the path is the filesystem root, is under /proc, /sys or /dev (also
-            through a link), or exists and is not a directory.
+            through a link; a directory under /dev/shm, the shared-memory tmpfs, is
+            allowed), or exists and is not a directory.
     """
     path = os.path.abspath(os.path.expanduser(root))
     if os.path.realpath(path) == "/":
         raise ValueError("store directory '/' is the filesystem root; a store needs a directory "
                          "of its own, e.g. file:///var/cache/radixlink/store")
     for candidate in (path, os.path.realpath(path)):
+        if candidate.startswith(SHARED_MEMORY + "/"):
+            continue  # a directory of its own on the shared-memory tmpfs
+        if candidate == SHARED_MEMORY:
+            raise ValueError(f"store directory {path!r} is /dev/shm itself; give the store a "
+                             "directory of its own there, e.g. file:///dev/shm/radixlink")
         for forbidden in FORBIDDEN_ROOTS:
             if candidate == forbidden or candidate.startswith(forbidden + "/"):
                 raise ValueError(

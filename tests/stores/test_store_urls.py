@@ -5,6 +5,7 @@ naming the parameter, the value and what is allowed (issue 14, item 4)."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from urllib.parse import quote
 
@@ -77,6 +78,7 @@ def test_password_never_appears_in_url_errors() -> None:
         ("file:///proc/self", ["/proc"]),
         ("file:///sys/kernel", ["/sys"]),
         ("file:///dev/shm/../null", ["/dev"]),
+        ("file:///dev/shm", ["/dev/shm itself", "file:///dev/shm/radixlink"]),
         ("file://", ["names no directory"]),
     ],
 )
@@ -89,6 +91,19 @@ def test_file_urls_must_name_a_local_directory(url: str, words: list[str]) -> No
     for word in words:
         assert word in str(info.value), (word, str(info.value))
     assert set(os.listdir(".")) == cwd_entries  # nothing created relative to the cwd
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm on this machine")
+def test_a_directory_on_the_shared_memory_tmpfs_is_a_store() -> None:
+    """/dev/shm holds real files (a tmpfs): a directory of its own there is a store in RAM,
+    pages round-trip; /dev/shm itself and the rest of /dev stay refused (above)."""
+    root = f"/dev/shm/radixlink-test-{os.getpid()}"
+    try:
+        with open_store(f"file://{root}/store?capacity=1MiB") as store:
+            assert store.put({"v3/ns/ab/kv": b"page"}) == [True]
+            assert store.get(["v3/ns/ab/kv"]) == [b"page"]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_file_url_through_a_link_to_proc_and_onto_a_file_are_refused(tmp_path: Path) -> None:
