@@ -62,11 +62,6 @@ def _file_name(key: str) -> str:
     return name
 
 
-def _shard_of(leaf: str) -> int:
-    """The shard number of leaf directory ``<root>/<aa>/<b>``."""
-    return int(leaf[-4:-2] + leaf[-1], 16)
-
-
 class DirectoryStore(Store):
     """Pages as files ``<root>/<aa>/<b>/<escaped key>``: ``aab``, 12 bits of the key's crc32,
     picks one of 4096 leaf directories (created on first use; ``/`` and ``%`` in the key are
@@ -152,17 +147,22 @@ class DirectoryStore(Store):
 
     def path_of(self, key: str) -> str:
         """The file that holds ``key`` (whether or not it exists)."""
+        return self._locate(key)[1]
+
+    def _locate(self, key: str) -> tuple[int, str]:
+        """The shard of ``key`` (its leaf directory's number) and its page file."""
         # NOTE: a table of leaf directories and an f-string rather than os.path.join: this
         # runs per page.
-        return f"{self._leaves[zlib.crc32(key.encode()) & 0xFFF]}/{_file_name(key)}"
+        shard = zlib.crc32(key.encode()) & 0xFFF
+        return shard, f"{self._leaves[shard]}/{_file_name(key)}"
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         # NOTE: an lstat per key rather than the index: other processes write here too.
         try:
             sizes = [
                 pagefiles.page_size_on_disk(path, self.max_page_bytes)
-                if self._leaf_state(path) == "ok" else None
-                for path in map(self.path_of, keys)
+                if self._leaf_state(shard) == "ok" else None
+                for shard, path in map(self._locate, keys)
             ]
         except OSError as exc:
             raise self._unusable("exists", exc) from exc
@@ -172,21 +172,21 @@ class DirectoryStore(Store):
     def get(self, keys: Sequence[str]) -> list[bytes | None]:
         out: list[bytes | None] = []
         touch_before = None if self.read_only else time.time() - TOUCH_AFTER_S
-        for key in keys:
-            path = self.path_of(key)
+        paths, refused = self._read_paths(keys)
+        errors = 0
+        for path in paths:
             try:
-                state = self._leaf_state(path)
-                if state != "ok":
-                    raise (FileNotFoundError if state == "missing" else pagefiles.NotAPage)()
-                out.append(pagefiles.read_page(path, self.max_page_bytes, touch_before))
+                out.append(None if path is None else
+                           pagefiles.read_page(path, self.max_page_bytes, touch_before))
             except FileNotFoundError:
                 out.append(None)
             except pagefiles.NotAPage:
-                self._index.count("refused")
+                refused += 1
                 out.append(None)
             except OSError:
-                self._index.count("read_errors")
+                errors += 1
                 out.append(None)
+        self._index.count_read_misses(refused, errors)
         self._index.observe(keys, [len(v) if v is not None else None for v in out], touch=True)
         return out
 
@@ -200,9 +200,7 @@ class DirectoryStore(Store):
         paths, unsafe = self._read_paths(keys)
         out, refused, errors = pagefiles.read_pages_into(paths, buffers, self.max_page_bytes,
                                                          touch_before)
-        if unsafe or refused or errors:
-            self._index.count("refused", unsafe + refused)
-            self._index.count("read_errors", errors)
+        self._index.count_read_misses(unsafe + refused, errors)
         self._index.observe(keys, out, touch=True)
         return out
 
@@ -211,15 +209,11 @@ class DirectoryStore(Store):
         link or a file: nothing is read through it), and how many were unsafe."""
         paths: list[str | None] = []
         unsafe = 0
-        leaves, safe, crc32 = self._leaves, self._safe_shards, zlib.crc32
+        locate, safe = self._locate, self._safe_shards
         for key in keys:
-            shard = crc32(key.encode()) & 0xFFF
-            name = key.replace("%", "%25").replace("/", "%2F")
-            if name[:1] == "." or len(name) > 200:
-                name = _file_name(key)  # NOTE: the rare cases, with their checks
-            path = f"{leaves[shard]}/{name}"
+            shard, path = locate(key)
             if shard not in safe:
-                state = self._leaf_state(path)
+                state = self._leaf_state(shard)
                 if state != "ok":
                     unsafe += state == "unsafe"
                     paths.append(None)
@@ -293,11 +287,10 @@ class DirectoryStore(Store):
         """Write one page atomically; 0, or the errno of the failure."""
         if view.nbytes > min(self.capacity_bytes, self.max_page_bytes):
             return errno.EFBIG
-        path = self.path_of(key)
-        leaf = path.rpartition("/")[0]
-        tmp = f"{leaf}/.{self._tag}.{next(self._seq)}.tmp"
+        shard, path = self._locate(key)
+        tmp = f"{self._leaves[shard]}/.{self._tag}.{next(self._seq)}.tmp"
         try:
-            if self._leaf_state(path) != "ok" and not self._make_leaf(leaf):
+            if self._leaf_state(shard) != "ok" and not self._make_leaf(shard):
                 return errno.ELOOP  # a shard directory is a link: write nothing through it
             pagefiles.write_page(path, tmp, view)
         except OSError as exc:
@@ -340,13 +333,13 @@ class DirectoryStore(Store):
                           f"{type(exc).__name__}: {exc.strerror or exc}; check that the "
                           "directory is still there, mounted and writable")
 
-    def _leaf_state(self, path: str) -> str:
-        """``"ok"`` when the page's two shard directories are real directories, ``"missing"``
+    def _leaf_state(self, shard: int) -> str:
+        """``"ok"`` when the shard's two directories are real directories, ``"missing"``
         when one does not exist, ``"unsafe"`` when one is a symlink or a file (it would send
         reads and writes out of the store). A good leaf is remembered for the process."""
-        leaf = path.rpartition("/")[0]
-        if _shard_of(leaf) in self._safe_shards:
+        if shard in self._safe_shards:
             return "ok"
+        leaf = self._leaves[shard]
         for directory in (leaf.rpartition("/")[0], leaf):
             try:
                 mode = os.lstat(directory).st_mode
@@ -356,12 +349,13 @@ class DirectoryStore(Store):
                 raise self._unusable("lstat", exc) from exc
             if not stat.S_ISDIR(mode):
                 return "unsafe"
-        self._safe_shards.add(_shard_of(leaf))
+        self._safe_shards.add(shard)
         return "ok"
 
-    def _make_leaf(self, leaf: str) -> bool:
-        """Create the shard directories one level at a time (mkdir never follows a link);
+    def _make_leaf(self, shard: int) -> bool:
+        """Create the shard's directories one level at a time (mkdir never follows a link);
         False when one of them exists and is not a real directory."""
+        leaf = self._leaves[shard]
         for directory in (leaf.rpartition("/")[0], leaf):
             try:
                 os.mkdir(directory)
@@ -369,7 +363,7 @@ class DirectoryStore(Store):
                 pass
             if not pagefiles.is_real_dir(directory):
                 return False
-        self._safe_shards.add(_shard_of(leaf))
+        self._safe_shards.add(shard)
         return True
 
     def _walk(self, remove_temps: bool) -> Iterator[tuple[str, str, int, float]]:

@@ -101,6 +101,13 @@ class PageIndex:
         with self._lock:
             self._counts[counter] += num
 
+    def count_read_misses(self, refused: int, errors: int) -> None:
+        """Count a read batch's refused files and read errors."""
+        if refused or errors:
+            with self._lock:
+                self._counts["refused"] += refused
+                self._counts["read_errors"] += errors
+
     def count_put_error(self, code: int) -> None:
         with self._lock:
             self._counts["put_failures"] += 1
