@@ -203,8 +203,8 @@ class _Run:
         peer_len = min(peer_len, whole * ps)
         self._plan_loads(job, est, peer_len, store_len, now)
         job.est_s = prefill_rest_s(est.prefill, req.input_len, job.prefix_len)
-        self.router.book(decision.node, i, job.est_s)
-        ready = self._start_transfers(node, job, est, now)
+        ready, expected = self._start_transfers(node, job, est, now)
+        self.router.book(decision.node, i, job.est_s, ready_at=expected)
         self.counts["device_tokens"] += job.device_len
         self.counts["declined_store_tokens"] += max(0, store_len - job.prefix_len)
         self.push(ready, _READY, job)
@@ -232,9 +232,11 @@ class _Run:
         elif plan.source is Source.STORE:
             job.store_tokens = plan.load_len
 
-    def _start_transfers(self, node: SimNode, job: Job, est: Estimates, now: float) -> float:
-        """Queue the job's transfers on its node's link; returns when the job is ready."""
-        t, bpt, ready = self.cfg.timing, self.cfg.timing.bytes_per_token, now
+    def _start_transfers(self, node: SimNode, job: Job, est: Estimates,
+                         now: float) -> tuple[float, float]:
+        """Queue the job's transfers on its node's link; returns when the job is ready, and
+        when the router expects it to be."""
+        t, bpt, ready, expected = self.cfg.timing, self.cfg.timing.bytes_per_token, now, now
         parts = ((Source.PEER, job.peer_tokens, t.peer, est.peer),
                  (Source.STORE, job.store_tokens, t.store, est.store))
         for source, tokens, path, guess in parts:
@@ -243,7 +245,7 @@ class _Run:
             nbytes = tokens * bpt
             seconds = path.seconds(nbytes) * self.load_noise[job.req]
             ready = node.transfer(now, seconds)
-            self.router.queues.add_transfer(job.node, guess.seconds(nbytes), now)
+            expected = self.router.queues.add_transfer(job.node, guess.seconds(nbytes), now)
             job.observed.append((source, nbytes, seconds))
             self.counts[f"{source.value}_tokens"] += tokens
             self.counts[f"{source.value}_bytes"] += nbytes
@@ -253,7 +255,7 @@ class _Run:
                 keys = self._keys(self.hashes[job.req][first // ps:(first + tokens) // ps])
                 got = self.store.get(keys)  # NOTE: a read refreshes the pages' LRU position
                 assert all(v is not None for v in got), "store lost pages within one instant"
-        return ready
+        return ready, expected
 
     def ready(self, job: Job, now: float) -> None:
         for source, nbytes, seconds in job.observed:

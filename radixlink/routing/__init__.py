@@ -18,7 +18,7 @@ from radixlink.routing.policies import (
     make_policy,
     policy_names,
 )
-from radixlink.routing.queues import NodeLoad, QueueBook
+from radixlink.routing.queues import NodeLoad, QueueBook, Waiting, overtake_s
 from radixlink.routing.router import Router
 
 __all__ = [
@@ -35,6 +35,8 @@ __all__ = [
     "RouteQuery",
     "Router",
     "RoutingPolicy",
+    "Waiting",
     "make_policy",
+    "overtake_s",
     "policy_names",
 ]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from radixlink.cost.estimates import Estimates
 from radixlink.cost.ttft import HIDE, Offer, Plan, Source, plan_ttft
-from radixlink.routing.queues import NodeLoad
+from radixlink.routing.queues import NodeLoad, overtake_s
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -142,6 +142,13 @@ class Radixlink(Mooncake):
             out.append(Offer(source=Source.STORE, lengths=(query.store_len,),
                              transfer=estimates.store, step=query.page_size))
         return out
+
+    def score(self, plan: Plan, load: NodeLoad) -> float:
+        """The request's expected TTFT plus what it would add to the TTFTs of the node's
+        requests still waiting on transfers: a node starts whichever request is ready, so a
+        long prefill sent there runs ahead of them (docs/routing.md, "Policies")."""
+        ready_in = load.link_s + plan.load_s if plan.load_len else 0.0
+        return plan.ttft_s + overtake_s(load, plan.prefill_s, ready_in)
 
 
 POLICIES: dict[str, type[RoutingPolicy]] = {

@@ -1,14 +1,28 @@
 """Each node's queue as the router sees it: the requests sent to it and not finished, with their
-estimated service times, and the node's transfer link.
+estimated service times and when their transfers should end, and the node's transfer link.
 
-Owns that bookkeeping. The caller supplies the clock (``now``) and the estimates; every policy
-reads the same ``NodeLoad`` snapshots.
+Owns that bookkeeping and the node's expected serving order (``overtake_s``). The caller
+supplies the clock (``now``) and the estimates; every policy reads the same ``NodeLoad``
+snapshots.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A request sent to a node and not started, as the router expects it.
+
+    Attributes:
+        est_s: its expected device seconds.
+        ready_in_s: expected seconds from the snapshot until its transfers end (0 = ready).
+    """
+
+    est_s: float
+    ready_in_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -20,17 +34,53 @@ class NodeLoad:
             running request's remaining estimate plus every queued request's).
         link_s: expected seconds until the node's transfer link is free.
         num_queued: requests sent to the node and not finished (running included).
+        running_s: expected seconds until the running requests end (part of ``queue_s``).
+        waiting: the requests not started, in arrival order.
     """
 
     queue_s: float
     link_s: float
     num_queued: int
+    running_s: float = 0.0
+    waiting: tuple[Waiting, ...] = ()
+
+
+def _starts(free_s: float, jobs: Sequence[Waiting]) -> list[float]:
+    """When each of ``jobs`` (arrival order) starts on a device free in ``free_s`` seconds
+    that, whenever it frees, starts the earliest-arrived request whose transfers have ended
+    (and idles until one has): the order of the engine schedulers this models, which skip a
+    request still waiting for its KV."""
+    starts, left, t = [0.0] * len(jobs), list(range(len(jobs))), free_s
+    while left:
+        pick = next((i for i in left if jobs[i].ready_in_s <= t), None)
+        if pick is None:
+            t = min(jobs[i].ready_in_s for i in left)
+            continue
+        starts[pick] = t
+        t += jobs[pick].est_s
+        left.remove(pick)
+    return starts
+
+
+def overtake_s(load: NodeLoad, est_s: float, ready_in_s: float) -> float:
+    """Seconds a new request (``est_s`` of device, its transfers ending in ``ready_in_s``)
+    would add, summed, to the starts of the node's waiting requests: it runs before every one
+    whose transfers are still going when the device could take it, and delays each of those
+    by up to its own length. 0 when nothing waits on a transfer.
+    """
+    if not any(w.ready_in_s > 0 for w in load.waiting):
+        return 0.0
+    before = _starts(load.running_s, load.waiting)
+    after = _starts(load.running_s, (*load.waiting, Waiting(max(est_s, 0.0),
+                                                            max(ready_in_s, 0.0))))
+    return sum(max(0.0, a - b) for a, b in zip(after, before))
 
 
 @dataclass(slots=True)
 class _Job:
     node: int
     est_s: float
+    ready_at: float = float("-inf")
     started_at: float | None = None
 
 
@@ -47,12 +97,15 @@ class QueueBook:
         self.num_nodes = num_nodes
         self._jobs: dict[Hashable, _Job] = {}
         self._pending_s = [0.0] * num_nodes  # estimates of queued, not started, jobs
+        self._waiting: list[dict[Hashable, _Job]] = [{} for _ in range(num_nodes)]
         self._running: list[dict[Hashable, _Job]] = [{} for _ in range(num_nodes)]
         self._count = [0] * num_nodes
         self._link_free_at = [0.0] * num_nodes
 
-    def add(self, node: int, req_id: Hashable, est_s: float) -> None:
-        """``req_id`` was sent to ``node`` and should take ``est_s`` seconds of its device.
+    def add(self, node: int, req_id: Hashable, est_s: float,
+            ready_at: float = float("-inf")) -> None:
+        """``req_id`` was sent to ``node`` and should take ``est_s`` seconds of its device,
+        once its transfers end at ``ready_at`` (the clock of ``now``; default: ready).
 
         Raises:
             ValueError: an unknown node or a request already in flight.
@@ -60,7 +113,8 @@ class QueueBook:
         if not 0 <= node < self.num_nodes or req_id in self._jobs:
             raise ValueError(f"cannot add request {req_id!r} to node {node}: unknown node "
                              f"(0..{self.num_nodes - 1}) or request already in flight")
-        self._jobs[req_id] = _Job(node, max(est_s, 0.0))
+        self._jobs[req_id] = self._waiting[node][req_id] = _Job(node, max(est_s, 0.0),
+                                                                 ready_at)
         self._pending_s[node] += max(est_s, 0.0)
         self._count[node] += 1
 
@@ -71,6 +125,7 @@ class QueueBook:
             return
         job.started_at = now
         self._pending_s[job.node] -= job.est_s
+        del self._waiting[job.node][req_id]
         self._running[job.node][req_id] = job
 
     def finish(self, req_id: Hashable) -> None:
@@ -80,6 +135,7 @@ class QueueBook:
             return
         if job.started_at is None:
             self._pending_s[job.node] -= job.est_s
+            del self._waiting[job.node][req_id]
         else:
             del self._running[job.node][req_id]
         self._count[job.node] -= 1
@@ -97,9 +153,11 @@ class QueueBook:
         """The node's load at ``now``."""
         running = sum(max(0.0, j.est_s - (now - (j.started_at or now)))
                       for j in self._running[node].values())
+        waiting = tuple(Waiting(j.est_s, max(0.0, j.ready_at - now))
+                        for j in self._waiting[node].values())
         return NodeLoad(queue_s=max(0.0, self._pending_s[node]) + running,
                         link_s=max(0.0, self._link_free_at[node] - now),
-                        num_queued=self._count[node])
+                        num_queued=self._count[node], running_s=running, waiting=waiting)
 
     def loads(self, now: float) -> list[NodeLoad]:
         """Every node's load at ``now``, in node order."""

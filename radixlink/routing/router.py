@@ -78,6 +78,8 @@ class Router:
         """The policy's choice for one request (nothing is booked: see ``book``)."""
         return self.policy.choose(self.query(hashes, prompt_len, now), self.estimates)
 
-    def book(self, node: int, req_id: Hashable, est_s: float) -> None:
-        """``req_id`` was sent to ``node`` and should take ``est_s`` of its device."""
-        self.queues.add(node, req_id, est_s)
+    def book(self, node: int, req_id: Hashable, est_s: float,
+             ready_at: float = float("-inf")) -> None:
+        """``req_id`` was sent to ``node`` and should take ``est_s`` of its device once its
+        transfers end at ``ready_at`` (``now``'s clock; the default: it is ready)."""
+        self.queues.add(node, req_id, est_s, ready_at)

@@ -15,7 +15,9 @@ from radixlink.routing import (
     QueueBook,
     RouteQuery,
     Router,
+    Waiting,
     make_policy,
+    overtake_s,
 )
 
 BPT = 131072
@@ -99,7 +101,8 @@ def test_queue_book() -> None:
     book = QueueBook(2)
     book.add(0, "a", 2.0)
     book.add(0, "b", 1.0)
-    assert book.load(0, now=10.0) == NodeLoad(queue_s=3.0, link_s=0.0, num_queued=2)
+    assert book.load(0, now=10.0) == NodeLoad(queue_s=3.0, link_s=0.0, num_queued=2,
+                                              waiting=(Waiting(2.0), Waiting(1.0)))
     book.start("a", now=10.0)
     assert book.load(0, now=10.5).queue_s == pytest.approx(2.5)
     assert book.load(0, now=13.0).queue_s == pytest.approx(1.0)  # overdue: never negative
@@ -113,6 +116,48 @@ def test_queue_book() -> None:
     with pytest.raises(ValueError, match="already in flight"):
         book.add(0, "c", 1.0)
         book.add(0, "c", 1.0)
+
+
+def test_queue_book_knows_what_waits_on_a_transfer() -> None:
+    """A request booked with the end of its transfers is waiting on them until then; a
+    started one is running, not waiting."""
+    book = QueueBook(1)
+    book.add(0, "loading", 0.1, ready_at=10.3)
+    book.add(0, "ready", 0.2)
+    load = book.load(0, now=10.0)
+    assert [w.est_s for w in load.waiting] == [0.1, 0.2]
+    assert load.waiting[0].ready_in_s == pytest.approx(0.3) and load.waiting[1].ready_in_s == 0
+    book.start("ready", now=10.0)
+    load = book.load(0, now=10.1)
+    assert load.running_s == pytest.approx(0.1) and len(load.waiting) == 1
+    assert load.waiting[0].ready_in_s == pytest.approx(0.2)
+
+
+def test_overtake_counts_the_delay_a_ready_request_adds_to_loading_ones() -> None:
+    """Node idle, one request (0.1 s) loading until 0.3 s. A ready 0.8342 s prefill starts at
+    once and ends at 0.8342: the loading one starts then, 0.5342 s late. A 0.2 s one ends
+    before the load does (no delay); with nothing loading there is nothing to overtake."""
+    loading = NodeLoad(queue_s=0.1, link_s=0.0, num_queued=1, waiting=(Waiting(0.1, 0.3),))
+    assert overtake_s(loading, 0.8342, 0.0) == pytest.approx(0.5342)
+    assert overtake_s(loading, 0.2, 0.0) == 0.0
+    assert overtake_s(loading, 0.8342, 0.5) == 0.0  # ready after it: it goes behind
+    ready = NodeLoad(queue_s=0.1, link_s=0.0, num_queued=1, waiting=(Waiting(0.1),))
+    assert overtake_s(ready, 0.8342, 0.0) == 0.0
+
+
+def test_radixlink_keeps_a_long_prefill_off_a_node_whose_request_is_loading() -> None:
+    """A prompt of 8292 tokens that no tier holds (0.8342 s to recompute). Node 0's device is
+    free but a 0.1 s request there waits on its load until 0.3 s; node 1 runs one for 0.5 s
+    more. device_prefix counts queues only: node 0 (0.1 + 0.8342) beats node 1 (1.3342), and
+    the new prefill then runs ahead of the loaded request and delays it by 0.5342 s.
+    radixlink adds that delay (1.4684 s) and takes node 1."""
+    loads = (NodeLoad(queue_s=0.1, link_s=0.0, num_queued=1, waiting=(Waiting(0.1, 0.3),)),
+             NodeLoad(queue_s=0.5, link_s=0.0, num_queued=1, running_s=0.5))
+    q = RouteQuery(prompt_len=8292, device_lens=(0, 0), store_len=0, loads=loads,
+                   page_size=512)
+    assert make_policy("device_prefix").choose(q, est(store_gbps=10)).node == 0
+    d = make_policy("radixlink").choose(q, est(store_gbps=10))
+    assert d.node == 1 and d.plan.ttft_s == pytest.approx(1.3342)
 
 
 def test_router_routes_by_real_kv_events() -> None:
