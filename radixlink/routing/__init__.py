@@ -18,7 +18,7 @@ from radixlink.routing.policies import (
     make_policy,
     policy_names,
 )
-from radixlink.routing.queues import NodeLoad, QueueBook, Waiting, overtake_s
+from radixlink.routing.queues import NodeLoad, Placement, QueueBook, Waiting, place
 from radixlink.routing.router import Router
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "LeastLoaded",
     "Mooncake",
     "NodeLoad",
+    "Placement",
     "PrefixIndex",
     "QueueBook",
     "Radixlink",
@@ -37,6 +38,6 @@ __all__ = [
     "RoutingPolicy",
     "Waiting",
     "make_policy",
-    "overtake_s",
+    "place",
     "policy_names",
 ]

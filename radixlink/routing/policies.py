@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from radixlink.cost.estimates import Estimates
 from radixlink.cost.ttft import HIDE, Offer, Plan, Source, plan_ttft
-from radixlink.routing.queues import NodeLoad, overtake_s
+from radixlink.routing.queues import NodeLoad, place
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,10 +64,13 @@ class RoutingPolicy:
         return []
 
     def plan(self, query: RouteQuery, node: int, estimates: Estimates) -> Plan:
-        load = query.loads[node]
+        return self._plan(query, node, estimates, query.loads[node].queue_s)
+
+    def _plan(self, query: RouteQuery, node: int, estimates: Estimates,
+              queue_s: float) -> Plan:
         return plan_ttft(prompt_len=query.prompt_len, device_len=query.device_lens[node],
                          offers=self.offers(query, node, estimates), estimates=estimates,
-                         queue_s=load.queue_s, link_s=load.link_s, hide=self.hide)
+                         queue_s=queue_s, link_s=query.loads[node].link_s, hide=self.hide)
 
     def score(self, plan: Plan, load: NodeLoad) -> float:
         """What the policy minimises (expected TTFT)."""
@@ -143,12 +146,28 @@ class Radixlink(Mooncake):
                              transfer=estimates.store, step=query.page_size))
         return out
 
+    def plan(self, query: RouteQuery, node: int, estimates: Estimates) -> Plan:
+        """As the others, but the wait is when the node would start this request in the order
+        it serves (``routing.queues.place``): a request that is ready goes ahead of those
+        still loading, so the queue's sum overstates its wait there. Never more than that
+        sum: its own load is already in the plan."""
+        load = query.loads[node]
+        first = self._plan(query, node, estimates, load.queue_s)
+        if not any(w.ready_in_s > 0 for w in load.waiting):
+            return first
+        start = place(load, first.prefill_s, _ready_in(first, load)).start_in_s
+        return self._plan(query, node, estimates, min(load.queue_s, start))
+
     def score(self, plan: Plan, load: NodeLoad) -> float:
         """The request's expected TTFT plus what it would add to the TTFTs of the node's
         requests still waiting on transfers: a node starts whichever request is ready, so a
         long prefill sent there runs ahead of them (docs/routing.md, "Policies")."""
-        ready_in = load.link_s + plan.load_s if plan.load_len else 0.0
-        return plan.ttft_s + overtake_s(load, plan.prefill_s, ready_in)
+        return plan.ttft_s + place(load, plan.prefill_s, _ready_in(plan, load)).overtake_s
+
+
+def _ready_in(plan: Plan, load: NodeLoad) -> float:
+    """Seconds until the plan's transfers end: they queue on the node's link."""
+    return load.link_s + plan.load_s if plan.load_len else 0.0
 
 
 POLICIES: dict[str, type[RoutingPolicy]] = {

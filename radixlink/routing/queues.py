@@ -1,7 +1,7 @@
 """Each node's queue as the router sees it: the requests sent to it and not finished, with their
 estimated service times and when their transfers should end, and the node's transfer link.
 
-Owns that bookkeeping and the node's expected serving order (``overtake_s``). The caller
+Owns that bookkeeping and the node's expected serving order (``place``). The caller
 supplies the clock (``now``) and the estimates; every policy reads the same ``NodeLoad``
 snapshots.
 """
@@ -62,18 +62,35 @@ def _starts(free_s: float, jobs: Sequence[Waiting]) -> list[float]:
     return starts
 
 
-def overtake_s(load: NodeLoad, est_s: float, ready_in_s: float) -> float:
-    """Seconds a new request (``est_s`` of device, its transfers ending in ``ready_in_s``)
-    would add, summed, to the starts of the node's waiting requests: it runs before every one
-    whose transfers are still going when the device could take it, and delays each of those
-    by up to its own length. 0 when nothing waits on a transfer.
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """What the node's expected serving order says of one more request there.
+
+    Attributes:
+        start_in_s: expected seconds until its device starts the request.
+        overtake_s: seconds it adds, summed, to the starts of the requests waiting there.
+    """
+
+    start_in_s: float
+    overtake_s: float
+
+
+def place(load: NodeLoad, est_s: float, ready_in_s: float) -> Placement:
+    """Replay the node's order with one more request (arriving last, ``est_s`` of device, its
+    transfers ending in ``ready_in_s``) and without it.
+
+    The new request runs before every waiting one whose transfers are still going when the
+    device could take it, and delays each of those by up to its own length; a request that
+    ends before their loads do adds nothing. With nothing waiting on a transfer the order is
+    arrival order: it starts after everything queued (``queue_s``) and delays nobody.
     """
     if not any(w.ready_in_s > 0 for w in load.waiting):
-        return 0.0
+        return Placement(start_in_s=max(load.queue_s, ready_in_s), overtake_s=0.0)
     before = _starts(load.running_s, load.waiting)
     after = _starts(load.running_s, (*load.waiting, Waiting(max(est_s, 0.0),
                                                             max(ready_in_s, 0.0))))
-    return sum(max(0.0, a - b) for a, b in zip(after, before))
+    return Placement(start_in_s=after[-1],
+                     overtake_s=sum(max(0.0, a - b) for a, b in zip(after, before)))
 
 
 @dataclass(slots=True)

@@ -12,12 +12,13 @@ from radixlink.metrics import KVEventQueue
 from radixlink.routing import (
     POLICIES,
     NodeLoad,
+    Placement,
     QueueBook,
     RouteQuery,
     Router,
     Waiting,
     make_policy,
-    overtake_s,
+    place,
 )
 
 BPT = 131072
@@ -133,16 +134,18 @@ def test_queue_book_knows_what_waits_on_a_transfer() -> None:
     assert load.waiting[0].ready_in_s == pytest.approx(0.2)
 
 
-def test_overtake_counts_the_delay_a_ready_request_adds_to_loading_ones() -> None:
+def test_place_replays_the_order_a_node_serves() -> None:
     """Node idle, one request (0.1 s) loading until 0.3 s. A ready 0.8342 s prefill starts at
     once and ends at 0.8342: the loading one starts then, 0.5342 s late. A 0.2 s one ends
-    before the load does (no delay); with nothing loading there is nothing to overtake."""
+    before the load does (no delay). One whose own load ends at 0.5 s goes behind. With
+    nothing loading it is arrival order: it starts after the queue and delays nobody."""
     loading = NodeLoad(queue_s=0.1, link_s=0.0, num_queued=1, waiting=(Waiting(0.1, 0.3),))
-    assert overtake_s(loading, 0.8342, 0.0) == pytest.approx(0.5342)
-    assert overtake_s(loading, 0.2, 0.0) == 0.0
-    assert overtake_s(loading, 0.8342, 0.5) == 0.0  # ready after it: it goes behind
+    assert place(loading, 0.8342, 0.0) == Placement(start_in_s=0.0,
+                                                    overtake_s=pytest.approx(0.5342))
+    assert place(loading, 0.2, 0.0) == Placement(start_in_s=0.0, overtake_s=0.0)
+    assert place(loading, 0.8342, 0.5) == Placement(start_in_s=0.5, overtake_s=0.0)
     ready = NodeLoad(queue_s=0.1, link_s=0.0, num_queued=1, waiting=(Waiting(0.1),))
-    assert overtake_s(ready, 0.8342, 0.0) == 0.0
+    assert place(ready, 0.8342, 0.0) == Placement(start_in_s=0.1, overtake_s=0.0)
 
 
 def test_radixlink_keeps_a_long_prefill_off_a_node_whose_request_is_loading() -> None:
@@ -150,7 +153,8 @@ def test_radixlink_keeps_a_long_prefill_off_a_node_whose_request_is_loading() ->
     free but a 0.1 s request there waits on its load until 0.3 s; node 1 runs one for 0.5 s
     more. device_prefix counts queues only: node 0 (0.1 + 0.8342) beats node 1 (1.3342), and
     the new prefill then runs ahead of the loaded request and delays it by 0.5342 s.
-    radixlink adds that delay (1.4684 s) and takes node 1."""
+    radixlink sees that it would start at once on node 0 (0.8342 s) but adds that delay
+    (1.3684 s), and takes node 1."""
     loads = (NodeLoad(queue_s=0.1, link_s=0.0, num_queued=1, waiting=(Waiting(0.1, 0.3),)),
              NodeLoad(queue_s=0.5, link_s=0.0, num_queued=1, running_s=0.5))
     q = RouteQuery(prompt_len=8292, device_lens=(0, 0), store_len=0, loads=loads,
@@ -158,6 +162,20 @@ def test_radixlink_keeps_a_long_prefill_off_a_node_whose_request_is_loading() ->
     assert make_policy("device_prefix").choose(q, est(store_gbps=10)).node == 0
     d = make_policy("radixlink").choose(q, est(store_gbps=10))
     assert d.node == 1 and d.plan.ttft_s == pytest.approx(1.3342)
+
+
+def test_radixlink_fills_the_gap_before_a_load_ends() -> None:
+    """A 1950-token prompt (0.2 s of prefill) that no tier holds. Node 0's device is free; its
+    one queued request (0.5 s) waits on a load until 0.3 s. Node 1 runs one for 0.25 s more.
+    device_prefix counts node 0's queue (0.7 s) and takes node 1 (0.45 s); radixlink sees the
+    request would start at once on node 0 and end before the load does: 0.2 s, no delay."""
+    loads = (NodeLoad(queue_s=0.5, link_s=0.0, num_queued=1, waiting=(Waiting(0.5, 0.3),)),
+             NodeLoad(queue_s=0.25, link_s=0.0, num_queued=1, running_s=0.25))
+    q = RouteQuery(prompt_len=1950, device_lens=(0, 0), store_len=0, loads=loads,
+                   page_size=512)
+    assert make_policy("device_prefix").choose(q, est(store_gbps=10)).node == 1
+    d = make_policy("radixlink").choose(q, est(store_gbps=10))
+    assert d.node == 0 and d.plan.ttft_s == pytest.approx(0.2)
 
 
 def test_router_routes_by_real_kv_events() -> None:
