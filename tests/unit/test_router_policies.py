@@ -11,6 +11,7 @@ from radixlink.cost import Estimates, EstimateTracker, PrefillEstimate, Transfer
 from radixlink.metrics import KVEventQueue
 from radixlink.routing import (
     POLICIES,
+    Decision,
     NodeLoad,
     Placement,
     QueueBook,
@@ -148,6 +149,19 @@ def test_place_replays_the_order_a_node_serves() -> None:
     assert place(ready, 0.8342, 0.0) == Placement(start_in_s=0.1, overtake_s=0.0)
 
 
+def loading_vs_running(*, prompt_len: int, waiting_s: float,
+                       running_s: float) -> tuple[Decision, Decision]:
+    """device_prefix's and radixlink's choice for a prompt no tier holds, between node 0 (device
+    free, one ``waiting_s`` request loading until 0.3 s) and node 1 (running ``running_s``)."""
+    loads = (NodeLoad(queue_s=waiting_s, link_s=0.0, num_queued=1,
+                      waiting=(Waiting(waiting_s, 0.3),)),
+             NodeLoad(queue_s=running_s, link_s=0.0, num_queued=1, running_s=running_s))
+    q = RouteQuery(prompt_len=prompt_len, device_lens=(0, 0), store_len=0, loads=loads,
+                   page_size=512)
+    return (make_policy("device_prefix").choose(q, est(store_gbps=10)),
+            make_policy("radixlink").choose(q, est(store_gbps=10)))
+
+
 def test_radixlink_keeps_a_long_prefill_off_a_node_whose_request_is_loading() -> None:
     """A prompt of 8292 tokens that no tier holds (0.8342 s to recompute). Node 0's device is
     free but a 0.1 s request there waits on its load until 0.3 s; node 1 runs one for 0.5 s
@@ -155,13 +169,9 @@ def test_radixlink_keeps_a_long_prefill_off_a_node_whose_request_is_loading() ->
     the new prefill then runs ahead of the loaded request and delays it by 0.5342 s.
     radixlink sees that it would start at once on node 0 (0.8342 s) but adds that delay
     (1.3684 s), and takes node 1."""
-    loads = (NodeLoad(queue_s=0.1, link_s=0.0, num_queued=1, waiting=(Waiting(0.1, 0.3),)),
-             NodeLoad(queue_s=0.5, link_s=0.0, num_queued=1, running_s=0.5))
-    q = RouteQuery(prompt_len=8292, device_lens=(0, 0), store_len=0, loads=loads,
-                   page_size=512)
-    assert make_policy("device_prefix").choose(q, est(store_gbps=10)).node == 0
-    d = make_policy("radixlink").choose(q, est(store_gbps=10))
-    assert d.node == 1 and d.plan.ttft_s == pytest.approx(1.3342)
+    dp, rl = loading_vs_running(prompt_len=8292, waiting_s=0.1, running_s=0.5)
+    assert dp.node == 0
+    assert rl.node == 1 and rl.plan.ttft_s == pytest.approx(1.3342)
 
 
 def test_radixlink_fills_the_gap_before_a_load_ends() -> None:
@@ -169,13 +179,9 @@ def test_radixlink_fills_the_gap_before_a_load_ends() -> None:
     one queued request (0.5 s) waits on a load until 0.3 s. Node 1 runs one for 0.25 s more.
     device_prefix counts node 0's queue (0.7 s) and takes node 1 (0.45 s); radixlink sees the
     request would start at once on node 0 and end before the load does: 0.2 s, no delay."""
-    loads = (NodeLoad(queue_s=0.5, link_s=0.0, num_queued=1, waiting=(Waiting(0.5, 0.3),)),
-             NodeLoad(queue_s=0.25, link_s=0.0, num_queued=1, running_s=0.25))
-    q = RouteQuery(prompt_len=1950, device_lens=(0, 0), store_len=0, loads=loads,
-                   page_size=512)
-    assert make_policy("device_prefix").choose(q, est(store_gbps=10)).node == 1
-    d = make_policy("radixlink").choose(q, est(store_gbps=10))
-    assert d.node == 0 and d.plan.ttft_s == pytest.approx(0.2)
+    dp, rl = loading_vs_running(prompt_len=1950, waiting_s=0.5, running_s=0.25)
+    assert dp.node == 1
+    assert rl.node == 0 and rl.plan.ttft_s == pytest.approx(0.2)
 
 
 def test_router_routes_by_real_kv_events() -> None:
