@@ -8,6 +8,7 @@ snapshots.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
@@ -23,6 +24,11 @@ class Waiting:
 
     est_s: float
     ready_in_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.est_s) and math.isfinite(self.ready_in_s)):
+            raise ValueError(f"a waiting request needs finite seconds, got est_s="
+                             f"{self.est_s}, ready_in_s={self.ready_in_s}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,9 +59,9 @@ def _starts(free_s: float, jobs: Sequence[Waiting]) -> list[float]:
     starts, left, t = [0.0] * len(jobs), list(range(len(jobs))), free_s
     while left:
         pick = next((i for i in left if jobs[i].ready_in_s <= t), None)
-        if pick is None:
-            t = min(jobs[i].ready_in_s for i in left)
-            continue
+        if pick is None:  # idle until the first transfer ends (ties: the earliest arrival)
+            pick = min(left, key=lambda i: jobs[i].ready_in_s)
+            t = jobs[pick].ready_in_s
         starts[pick] = t
         t += jobs[pick].est_s
         left.remove(pick)
@@ -125,11 +131,15 @@ class QueueBook:
         once its transfers end at ``ready_at`` (the clock of ``now``; default: ready).
 
         Raises:
-            ValueError: an unknown node or a request already in flight.
+            ValueError: an unknown node, a request already in flight, a NaN estimate or a
+                ready time that is NaN or +inf.
         """
         if not 0 <= node < self.num_nodes or req_id in self._jobs:
             raise ValueError(f"cannot add request {req_id!r} to node {node}: unknown node "
                              f"(0..{self.num_nodes - 1}) or request already in flight")
+        if math.isnan(est_s) or math.isnan(ready_at) or ready_at == float("inf"):
+            raise ValueError(f"request {req_id!r} needs a number of seconds and a finite "
+                             f"ready time (or none), got est_s={est_s}, ready_at={ready_at}")
         self._jobs[req_id] = self._waiting[node][req_id] = _Job(node, max(est_s, 0.0),
                                                                  ready_at)
         self._pending_s[node] += max(est_s, 0.0)

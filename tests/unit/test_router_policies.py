@@ -133,6 +133,11 @@ def test_queue_book_knows_what_waits_on_a_transfer() -> None:
     load = book.load(0, now=10.1)
     assert load.running_s == pytest.approx(0.1) and len(load.waiting) == 1
     assert load.waiting[0].ready_in_s == pytest.approx(0.2)
+    for bad in ({"est_s": float("nan")}, {"ready_at": float("nan")},
+                {"ready_at": float("inf")}):
+        with pytest.raises(ValueError, match="finite ready time"):
+            book.add(0, "bad", **{"est_s": 1.0, **bad})
+    assert len(book.load(0, now=10.1).waiting) == 1  # nothing was booked
 
 
 def test_place_replays_the_order_a_node_serves() -> None:
@@ -147,6 +152,8 @@ def test_place_replays_the_order_a_node_serves() -> None:
     assert place(loading, 0.8342, 0.5) == Placement(start_in_s=0.5, overtake_s=0.0)
     ready = NodeLoad(queue_s=0.1, link_s=0.0, num_queued=1, waiting=(Waiting(0.1),))
     assert place(ready, 0.8342, 0.0) == Placement(start_in_s=0.1, overtake_s=0.0)
+    with pytest.raises(ValueError, match="finite seconds"):
+        Waiting(0.1, float("nan"))
 
 
 def loading_vs_running(*, prompt_len: int, waiting_s: float,
