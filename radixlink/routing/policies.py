@@ -153,7 +153,7 @@ class Radixlink(Mooncake):
         sum: its own load is already in the plan."""
         load = query.loads[node]
         first = self._plan(query, node, estimates, load.queue_s)
-        if not any(w.ready_in_s > 0 for w in load.waiting):
+        if not load.loading:
             return first
         start = place(load, first.prefill_s, _ready_in(first, load)).start_in_s
         return self._plan(query, node, estimates, min(load.queue_s, start))

@@ -50,6 +50,12 @@ class NodeLoad:
     running_s: float = 0.0
     waiting: tuple[Waiting, ...] = ()
 
+    @property
+    def loading(self) -> bool:
+        """Whether a waiting request's transfers are still going (the order then differs
+        from arrival order: see ``place``)."""
+        return any(w.ready_in_s > 0 for w in self.waiting)
+
 
 def _starts(free_s: float, jobs: Sequence[Waiting]) -> list[float]:
     """When each of ``jobs`` (arrival order) starts on a device free in ``free_s`` seconds
@@ -90,7 +96,7 @@ def place(load: NodeLoad, est_s: float, ready_in_s: float) -> Placement:
     ends before their loads do adds nothing. With nothing waiting on a transfer the order is
     arrival order: it starts after everything queued (``queue_s``) and delays nobody.
     """
-    if not any(w.ready_in_s > 0 for w in load.waiting):
+    if not load.loading:
         return Placement(start_in_s=max(load.queue_s, ready_in_s), overtake_s=0.0)
     before = _starts(load.running_s, load.waiting)
     after = _starts(load.running_s, (*load.waiting, Waiting(max(est_s, 0.0),
