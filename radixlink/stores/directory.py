@@ -206,19 +206,30 @@ class DirectoryStore(Store):
 
     def _read_paths(self, keys: Sequence[str]) -> tuple[list[str | None], int]:
         """The page file of each key, None where its leaf directory is missing or unsafe (a
-        link or a file: nothing is read through it), and how many were unsafe."""
+        link or a file: nothing is read through it), and how many were unsafe.
+
+        Raises:
+            ValueError: a key too long for a file name (as ``_file_name``).
+        """
+        # NOTE: the batch's shards and names in C-level loops (no call per key); a key that
+        # needs escaping beyond "/" and "%" (a leading ".") or is too long takes _file_name.
+        crc, leaves, safe = zlib.crc32, self._leaves, self._safe_shards
+        shards = [crc(key.encode()) & 0xFFF for key in keys]
+        names = [key.replace("%", "%25").replace("/", "%2F") for key in keys]
+        if any(not name or name[0] == "." or len(name) > 200 for name in names):
+            names = list(map(_file_name, keys))
+        if safe.issuperset(shards):  # the common case: every leaf was checked before
+            return [f"{leaves[shard]}/{name}" for shard, name in zip(shards, names)], 0
         paths: list[str | None] = []
         unsafe = 0
-        locate, safe = self._locate, self._safe_shards
-        for key in keys:
-            shard, path = locate(key)
+        for shard, name in zip(shards, names):
             if shard not in safe:
                 state = self._leaf_state(shard)
                 if state != "ok":
                     unsafe += state == "unsafe"
                     paths.append(None)
                     continue
-            paths.append(path)
+            paths.append(f"{leaves[shard]}/{name}")
         return paths, unsafe
 
     def put(self, items: Mapping[str, Any]) -> list[bool]:

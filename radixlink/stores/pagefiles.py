@@ -105,7 +105,8 @@ def read_pages_into(paths: Sequence[str | None], buffers: Sequence[memoryview],
                 sizes.append(None)
                 continue
             want = min(size, buffer.nbytes)
-            done = readv(fd, [buffer[:want]]) if want else 0
+            # NOTE: the whole buffer as it is when the page fills it: no view per page
+            done = readv(fd, [buffer if want == buffer.nbytes else buffer[:want]]) if want else 0
             while done < want:  # NOTE: short only if the file shrank under the read
                 part = readv(fd, [buffer[done:want]])
                 if not part:

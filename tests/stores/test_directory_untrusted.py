@@ -224,3 +224,24 @@ def test_read_only_open_creates_nothing_and_evicts_nothing(tmp_path: Path) -> No
     with pytest.raises(StoreError, match="read-only"):
         ro.delete([key(1)])
     assert DirectoryStore(tmp_path / "s", capacity_bytes=1 << 30).stats()["pages"] == 10
+
+
+def test_key_names_escape_and_refuse_alike_on_every_path(tmp_path: Path) -> None:
+    """A key that starts with "." is stored as a "%2E" name (never a temp-like dot file) and
+    reads back by get and get_into, in a batch with plain keys; a key too long for a file name
+    is refused with a ValueError by put, get and get_into alike."""
+    store = DirectoryStore(tmp_path)
+    dotted, plain = ".hidden/page", key(7)
+    assert store.put({dotted: b"dot page", plain: b"plain page"}) == [True, True]
+    assert os.path.basename(store.path_of(dotted)) == "%2Ehidden%2Fpage"
+    assert store.get([plain, dotted, key(8)]) == [b"plain page", b"dot page", None]
+    buffers = [memoryview(bytearray(16)) for _ in range(3)]
+    assert store.get_into([dotted, plain, key(8)], buffers) == [8, 10, None]
+    assert bytes(buffers[0][:8]) == b"dot page" and bytes(buffers[1][:10]) == b"plain page"
+    too_long = "k" * 201
+    with pytest.raises(ValueError, match="too long for a file name"):
+        store.put({too_long: b"x"})
+    with pytest.raises(ValueError, match="too long for a file name"):
+        store.get([plain, too_long])
+    with pytest.raises(ValueError, match="too long for a file name"):
+        store.get_into([plain, too_long], buffers[:2])
