@@ -55,6 +55,13 @@ class Revalidation:
         whose store call failed, has no opinion; a rank that found a page missing unmarks the
         node on all.
         """
+        if self.world_size == 1:
+            stale = self._stale_path(node)
+            if stale:
+                local = self._check(stale, namespace)
+                self._apply(stale, [local.get(id(item), NO_OPINION) for item in stale], local,
+                            namespace, events)
+            return
         stored, stamps = [], []
         while node.parent is not None:
             at = node.stored_at  # NOTE: None unless stored: one index read per node, not two
@@ -62,18 +69,44 @@ class Revalidation:
                 stored.append(node)
                 stamps.append(at)
             node = node.parent
-        limit = time.monotonic() - self.max_age_s
-        stale = [item for item, at in zip(stored, stamps, strict=True) if at <= limit]
-        if self.world_size == 1 and not stale:
-            return
         if not stored:  # NOTE: the same on every rank: no collective is skipped on one only
             return
-        local = self._check(stale, namespace)
-        verdicts = [local.get(id(item), NO_OPINION) for item in stored]
-        if self.world_size > 1:
-            verdicts = self.ranks.all_reduce_min(verdicts)
+        limit = time.monotonic() - self.max_age_s
+        local = self._check([item for item, at in zip(stored, stamps, strict=True)
+                             if at <= limit], namespace)
+        verdicts = self.ranks.all_reduce_min([local.get(id(item), NO_OPINION)
+                                              for item in stored])
+        self._apply(stored, verdicts, local, namespace, events)
+
+    def _stale_path(self, node: Any) -> list[Any]:
+        """The nodes on ``node``'s path whose stored mark is stale (one rank).
+
+        A node found fresh keeps until when it stays so (``TreeNode.stored_fresh``, valid in
+        the index's epoch), and is not read again before then: a hit costs a few attribute
+        reads per node instead of one index read per page. Confirmations only move forward
+        within an epoch, so a node fresh until then is fresh at least that long.
+        """
         now = time.monotonic()
-        for item, verdict in zip(stored, verdicts, strict=True):
+        limit, epoch, age = now - self.max_age_s, self.stored.epoch, self.max_age_s
+        stale = []
+        while node.parent is not None:
+            memo = node.stored_fresh
+            if memo[0] != epoch or memo[1] <= now:
+                at = node.stored_at
+                if at is not None:
+                    if at <= limit:
+                        stale.append(node)
+                    else:
+                        node.stored_fresh = (epoch, at + age)
+            node = node.parent
+        return stale
+
+    def _apply(self, nodes: list[Any], verdicts: list[int], local: dict[int, int],
+               namespace: Any, events: Any) -> None:
+        """Unmark the nodes found lost (every pool's pages leave the index); confirm again the
+        pages of those this rank itself saw present."""
+        now = time.monotonic()
+        for item, verdict in zip(nodes, verdicts, strict=True):
             if verdict == LOST:  # NOTE: every pool's pages of it are written again
                 for name, page in self.page_keys(item, namespace)[1]:
                     self.stored.discard(name, (page,))

@@ -42,6 +42,7 @@ class TreeNode:
         "last_access",
         "stored",
         "namespace",
+        "stored_fresh",
     )
 
     def __init__(self, node_id: int, key: bytes, parent: TreeNode | None, num_components: int):
@@ -60,6 +61,9 @@ class TreeNode:
         # marks below are views on it, by this node's page hashes.
         self.stored: StoredPages | None = None if parent is None else parent.stored
         self.namespace: Any = None  # roots only: the namespace whose chain starts here
+        # Revalidation's memo, a hint and never the mark: (the index's epoch, a time) before
+        # which this node's stored mark is known younger than the age bound.
+        self.stored_fresh: tuple[int, float] = (-1, 0.0)
 
     # ---------------------------------------------------------------- store marks (views)
 

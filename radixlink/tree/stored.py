@@ -42,8 +42,8 @@ class StoredPages:
         skips: whether ``unknown`` may report pages as known (False: every page is written).
     """
 
-    __slots__ = ("max_pages", "max_age_s", "enabled", "_clock", "_pages", "_inflight",
-                 "_size", "num_skipped")
+    __slots__ = ("max_pages", "max_age_s", "enabled", "epoch", "_clock", "_pages", "_inflight",
+                 "_size", "_latest", "num_skipped")
 
     def __init__(self, max_pages: int = 1 << 18, max_age_s: float = 300.0,
                  clock: Callable[[], float] = time.monotonic, *, skips: bool = True):
@@ -51,6 +51,11 @@ class StoredPages:
         self._pages: dict[Any, dict[str, float]] = {}  # pool -> page hash -> confirmed at
         self._inflight: dict[str, int] = {}  # backbone page hash -> offload ticket
         self._size = 0
+        # NOTE: confirmations normally only move forward in time. ``epoch`` counts the events
+        # that may move one back (a time older than the latest given, a clear), so a memo of
+        # "fresh until" (revalidation's) is trusted only within one epoch.
+        self.epoch = 0
+        self._latest = float("-inf")
         self.num_skipped = 0
         self.configure(max_pages, max_age_s, skips=skips)
 
@@ -75,6 +80,7 @@ class StoredPages:
         self._pages.clear()
         self._inflight.clear()
         self._size = 0
+        self.epoch += 1
 
     # ---------------------------------------------------------------- pages
 
@@ -84,7 +90,9 @@ class StoredPages:
         if pages is None:
             pages = self._pages[pool] = {}
         before = len(pages)
-        pages.update(dict.fromkeys(hashes, self._clock() if at is None else at))
+        when = self._clock() if at is None else at
+        self._moved_to(when)
+        pages.update(dict.fromkeys(hashes, when))
         self._size += len(pages) - before
         if self.max_pages and self._size > self.max_pages:
             self._trim()
@@ -94,9 +102,17 @@ class StoredPages:
         does not hold stay out: membership changes only by ``add`` / ``discard``)."""
         pages = self._pages.get(pool)
         if pages:
+            self._moved_to(at)
             for page in hashes:
                 if page in pages:
                     pages[page] = at
+
+    def _moved_to(self, when: float) -> None:
+        """A confirmation is set to ``when``: a new epoch if that is earlier than the latest."""
+        if when < self._latest:
+            self.epoch += 1
+        else:
+            self._latest = when
 
     def discard(self, pool: Any, hashes: Iterable[str]) -> None:
         """The store lost these pages of ``pool`` (or may have: they are written again)."""

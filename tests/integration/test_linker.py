@@ -267,6 +267,46 @@ def test_stale_stored_mark_is_revalidated_and_lost_pages_offloaded_again(store) 
     assert cache_b.match_prefix(TOKENS, req_id="r").external_hit_len == 40
 
 
+def test_a_mark_found_fresh_is_rechecked_once_it_ages(store) -> None:
+    """Revalidation remembers until when a node's mark is fresh (one rank): hits before then
+    do not re-check it, the first hit after the age does, and finds the lost pages."""
+    cache = make_cache()
+    linker = ExternalCacheLinker(cache, store, revalidate_after_s=0.4)
+    serve(cache, TOKENS)
+    linker.flush()
+    serve(cache, TOKENS)  # fresh: remembered, not re-checked
+    node = cache.match_prefix(TOKENS).last_node
+    assert node.external_cache_stored and node.stored_fresh[1] > time.monotonic()
+    store.clear()
+    serve(cache, TOKENS)
+    assert linker.stats().get("revalidations", 0) == 0 and node.external_cache_stored
+    time.sleep(0.45)
+    serve(cache, TOKENS)
+    linker.flush()
+    stats = linker.stats()
+    assert stats["revalidations"] == 1 and stats["lost_nodes"] >= 1, stats
+    assert stats["offloads"] == 2, stats
+
+
+def test_a_mark_moved_back_in_time_is_rechecked_at_once(store) -> None:
+    """A confirmation set earlier than the latest one (here through the node's ``stored_at``)
+    starts a new epoch of the stored index: what revalidation remembered is not trusted, so
+    the next hit re-checks that node."""
+    cache = make_cache()
+    linker = ExternalCacheLinker(cache, store, revalidate_after_s=300.0)
+    serve(cache, TOKENS)
+    linker.flush()
+    serve(cache, TOKENS)
+    node = cache.match_prefix(TOKENS).last_node
+    assert node.stored_fresh[1] > time.monotonic() + 200
+    node.stored_at = time.monotonic() - 1000.0
+    store.clear()
+    serve(cache, TOKENS)
+    linker.flush()
+    stats = linker.stats()
+    assert stats["revalidations"] == 1 and stats["lost_nodes"] >= 1, stats
+
+
 def test_close_with_transfers_in_flight_releases_everything(store) -> None:
     """close() quiesces in-flight loads and offloads, aborts, and releases every lock."""
     offloaded(store)
