@@ -226,7 +226,7 @@ class _Run:
         load = self.router.queues.load(job.node, now)
         plan = plan_ttft(prompt_len=job.prompt_len, device_len=dev, offers=offers,
                          estimates=est, queue_s=load.queue_s, link_s=load.link_s,
-                         hide=self.cfg.hide)
+                         hide=self.cfg.hide, behind=load.behind)
         if plan.source is Source.PEER:
             job.peer_tokens = plan.load_len
         elif plan.source is Source.STORE:
@@ -347,3 +347,4 @@ def simulate(requests: Sequence[TimedRequest], hashes: Sequence[Sequence[str]],
 def with_policy(cfg: ClusterConfig, policy: str, node_loads: str) -> ClusterConfig:
     """``cfg`` for another policy and node load mode."""
     return replace(cfg, policy=policy, node_loads=node_loads)
+

@@ -9,6 +9,7 @@ agree). Must not read clocks, stores or the tree.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -91,11 +92,13 @@ def prefill_rest_s(prefill: PrefillEstimate, prompt_len: int, prefix_len: int) -
 
 def plan_ttft(*, prompt_len: int, device_len: int, offers: Sequence[Offer],
               estimates: Estimates, queue_s: float = 0.0, link_s: float = 0.0,
-              hide: float = HIDE) -> Plan:
-    """The plan with the lowest expected TTFT among: no load (device prefix, recompute the
-    rest) and, per offer, each listed length plus (``step`` offers) the longest length whose
-    load the counted wait hides. Ties keep the earlier candidate: no load first, then offers
-    in the order given, shorter lengths first.
+              hide: float = HIDE, behind: float = 0.0) -> Plan:
+    """The plan with the lowest cost among: no load (device prefix, recompute the rest)
+    and, per offer, each listed length plus (``step`` offers) the longest length whose load
+    the counted wait hides. The cost is the expected TTFT plus ``behind * prefill_s``: the
+    delay the request's compute adds to the ``behind`` requests expected to start on the node
+    after it (0: its own TTFT alone). Ties keep the earlier candidate: no load first, then
+    offers in the order given, shorter lengths first.
 
     Why these candidates suffice: past the hidden window each loaded token costs a constant
     transfer time while the compute it saves grows with its position, so the TTFT is concave
@@ -109,26 +112,34 @@ def plan_ttft(*, prompt_len: int, device_len: int, offers: Sequence[Offer],
         queue_s: expected wait until this node's device can start the request.
         link_s: expected wait until this node's transfer link is free.
         hide: share of ``queue_s`` a load may hide behind, in ``[0, 1]``.
+        behind: requests expected to queue behind this one on the node (finite, >= 0;
+            ``NodeLoad.behind`` estimates it). With a long queue, a load that saves compute
+            is worth more than the request's own TTFT says, since every request behind it
+            waits for that compute too.
 
     Raises:
-        ValueError: ``prompt_len <= 0``, a device prefix outside ``[0, prompt_len]`` or
-            ``hide`` outside ``[0, 1]``.
+        ValueError: ``prompt_len <= 0``, a device prefix outside ``[0, prompt_len]``,
+            ``hide`` outside ``[0, 1]`` or ``behind`` negative or not finite.
     """
-    if prompt_len <= 0 or not 0 <= device_len <= prompt_len or not 0 <= hide <= 1:
-        raise ValueError(f"need prompt_len > 0, 0 <= device_len <= prompt_len and 0 <= hide "
-                         f"<= 1, got prompt_len={prompt_len}, device_len={device_len}, "
-                         f"hide={hide}")
+    if (prompt_len <= 0 or not 0 <= device_len <= prompt_len or not 0 <= hide <= 1
+            or not 0 <= behind < math.inf):
+        raise ValueError(f"need prompt_len > 0, 0 <= device_len <= prompt_len, 0 <= hide <= "
+                         f"1 and a finite behind >= 0, got prompt_len={prompt_len}, "
+                         f"device_len={device_len}, hide={hide}, behind={behind}")
     wait, link = max(queue_s, 0.0), max(link_s, 0.0)
     window = hide * wait - link  # transfer seconds that finish within the counted wait
     rest = prefill_rest_s(estimates.prefill, prompt_len, device_len)
     best = Plan(source=Source.DEVICE, device_len=device_len, prefix_len=device_len,
                 load_s=0.0, prefill_s=rest, ttft_s=wait + rest)
+    best_cost = best.ttft_s + behind * rest
     for offer in offers:
         for length in _candidates(offer, device_len, prompt_len, window, estimates):
             load = estimates.load_s(offer.transfer, length - device_len)
             rest = prefill_rest_s(estimates.prefill, prompt_len, length)
             ttft = wait + max(0.0, load - window) + rest
-            if ttft < best.ttft_s:
+            cost = ttft + behind * rest
+            if cost < best_cost:
+                best_cost = cost
                 best = Plan(source=offer.source, device_len=device_len, prefix_len=length,
                             load_s=load, prefill_s=rest, ttft_s=ttft)
     return best

@@ -56,6 +56,13 @@ class NodeLoad:
         from arrival order: see ``place``)."""
         return any(w.ready_in_s > 0 for w in self.waiting)
 
+    @property
+    def behind(self) -> int:
+        """Requests expected to start after a new one sent here (``plan_ttft``'s ``behind``):
+        by Little's law the requests that arrive while it waits and runs number about as many
+        as the node holds now, ``num_queued``. Each of them waits for its prefill."""
+        return self.num_queued
+
 
 def _starts(free_s: float, jobs: Sequence[Waiting]) -> list[float]:
     """When each of ``jobs`` (arrival order) starts on a device free in ``free_s`` seconds

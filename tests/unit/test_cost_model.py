@@ -121,6 +121,25 @@ def test_queued_node_loads_only_what_the_wait_hides() -> None:
     assert whole.source is Source.DEVICE  # only the listed length: all 8 pages lose
 
 
+def test_requests_behind_weigh_the_compute_a_load_saves() -> None:
+    """The same 0.5 GB/s tier and 0.4 s queue: loading 1 page (TTFT 0.7734 s, 0.3734 s of
+    prefill) against all 8 (TTFT 1.298741824 s, 0.015 s of prefill). With b requests behind,
+    all 8 cost less once 1.298741824 + 0.015 b < 0.7734 + 0.3734 b, b > 1.4658 (by hand): one
+    request behind keeps the 1-page plan, two load all 8. The plan reports its own TTFT."""
+    est = estimates(0.5e9)
+    kw = {"prompt_len": 4196, "device_len": 0, "offers": store_offer(est), "estimates": est,
+          "queue_s": 0.4}
+    one = plan_ttft(behind=1, **kw)
+    assert one.prefix_len == 512 and one.ttft_s == pytest.approx(0.7734)
+    two = plan_ttft(behind=2, **kw)
+    assert two.source is Source.STORE and two.prefix_len == 4096
+    assert two.ttft_s == pytest.approx(0.4 + 0.01 + 8 * 512 * BPT / 0.5e9 - 0.2 + 0.015)
+    assert two.prefill_s == pytest.approx(0.015)
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="behind"):
+            plan_ttft(behind=bad, **kw)
+
+
 def test_plan_weighs_sources_and_link_wait() -> None:
     """The faster of peer and store wins; a busy link beyond the queue delays a load; the
     last prompt token is always computed; ties keep the device prefix."""
