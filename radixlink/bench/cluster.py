@@ -19,6 +19,7 @@ import torch
 
 from radixlink.bench.cluster_report import aggregate, plot, summarize, table_rows, verdicts
 from radixlink.bench.cluster_sim import ClusterConfig, Timing, simulate
+from radixlink.bench.cluster_gen import PREFIX, generated_requests
 from radixlink.bench.cluster_trace import load_timed_trace, request_hashes
 from radixlink.bench.common import machine_info, parse_tokens, print_table, write_json
 from radixlink.cost import HIDE, GpuSpec, ModelShape, TransferEstimate, prefill_estimate
@@ -41,7 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     positive, above_zero = int_at_least(1), number_in(0, low_open=True)
     p = CommandParser(prog="radixlink bench cluster", description=__doc__)
     a = p.add_argument
-    a("--trace", required=True, help="Mooncake-format JSONL trace")
+    a("--trace", required=True,
+      help="Mooncake-format JSONL trace, or a generated one: gen:KEY=VALUE,... with keys of "
+           "radixlink.bench.cluster_gen.TraceSpec (e.g. gen:reuse=0.5,burst=4,seed=1)")
     a("--limit", type=positive, default=None, help="first N requests only")
     a("--block-size", type=positive, default=512, help="tokens per trace hash id")
     a("--page-size", type=positive, default=512)
@@ -141,7 +144,13 @@ def main(argv: list[str]) -> int:
     if not seeds:
         parser.error("--seeds needs at least one seed")
     device = max(ps, device // ps * ps)
-    requests = load_timed_trace(args.trace, args.block_size, args.limit)
+    if args.trace.startswith(PREFIX):
+        try:
+            requests = generated_requests(args.trace, args.block_size, args.limit)
+        except ValueError as exc:
+            parser.error(str(exc))
+    else:
+        requests = load_timed_trace(args.trace, args.block_size, args.limit)
     if len(requests) < 2:
         parser.error(f"{args.trace} holds fewer than 2 requests")
     start = time.perf_counter()

@@ -68,9 +68,15 @@ def aggregate(cell: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+P99_TOLERANCE = 0.005
+"""The p99 margin within which radixlink counts as no worse than a baseline."""
+
+
 def verdicts(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (tier, rate): radixlink's SLO attainment and p99 TTFT against the best baseline,
-    and its store-only TTFT against device_prefix (positive = radixlink better)."""
+    and its store-only TTFT against device_prefix. "At least as good": attainment at least
+    the best baseline's and p99 within ``P99_TOLERANCE`` of the best (a p99 of a few thousand
+    requests moves by about that between seeds)."""
     out = []
     cells = dict.fromkeys((r["store"], r["rate_scale"]) for r in rows)
     for tier, rate in cells:
@@ -88,7 +94,7 @@ def verdicts(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                "p99 radixlink": round(mine["ttft_p99_s"], 3),
                "best baseline p99": f"{best_p99['ttft_p99_s']:.3f} ({best_p99['policy']})",
                "at least as good": mine["slo_attainment"] >= best_slo["slo_attainment"]
-               and mine["ttft_p99_s"] <= best_p99["ttft_p99_s"]}
+               and mine["ttft_p99_s"] <= best_p99["ttft_p99_s"] * (1 + P99_TOLERANCE)}
         if dp is not None and dp["store_only_requests"]:
             row.update({
                 "store-only p99 vs device_prefix": f"{mine['store_only_p99_s']:.3f} vs "
