@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from radixlink.bench.cluster_gen import PREFIX, generated_requests
 from radixlink.bench.cluster_report import aggregate, plot, summarize, table_rows, verdicts
 from radixlink.bench.cluster_sim import ClusterConfig, Timing, simulate
-from radixlink.bench.cluster_gen import PREFIX, generated_requests
 from radixlink.bench.cluster_trace import load_timed_trace, request_hashes
 from radixlink.bench.common import machine_info, parse_tokens, print_table, write_json
 from radixlink.cost import HIDE, GpuSpec, ModelShape, TransferEstimate, prefill_estimate
