@@ -130,15 +130,18 @@ def synthetic_trace(num_requests: int, *, block_size: int = 512, seed: int = 0,
 
     systems = [(new_ids(k), k * block_size)
                for k in (rng.randint(1, 3) for _ in range(num_system))]
-    convs: list[tuple[list[int], int, int]] = []  # (ids, tokens, turns left)
+    # (ids, tokens of the last prompt, + its reply, turns left)
+    convs: list[tuple[list[int], int, int, int]] = []
     for num in range(num_requests):
         if len(convs) < num_active or rng.random() < 0.1:
             sys_ids, sys_len = systems[rng.randrange(num_system)]
-            convs.append((list(sys_ids), sys_len, rng.randint(1, 8)))
+            convs.append((list(sys_ids), sys_len, sys_len, rng.randint(1, 8)))
         pos = rng.randrange(len(convs))
-        ids, length, left = convs[pos]
+        ids, prompt, length, left = convs[pos]
         new_len = length + rng.randint(block_size // 4, 3 * block_size)
-        kept = ids[: length // block_size]
+        # NOTE: only the previous prompt's full blocks: its partial last block is filled by the
+        # reply now, other content, so it gets a new id
+        kept = ids[: prompt // block_size]
         ids = kept + new_ids(-(-new_len // block_size) - len(kept))
         yield {"timestamp": num * 10, "input_length": new_len,
                "output_length": rng.randint(16, 256), "hash_ids": ids}
@@ -146,7 +149,7 @@ def synthetic_trace(num_requests: int, *, block_size: int = 512, seed: int = 0,
         if left <= 1:
             convs.pop(pos)
         else:
-            convs[pos] = (ids, new_len + reply, left - 1)
+            convs[pos] = (ids, new_len, new_len + reply, left - 1)
 
 
 def _split(values: list[str] | None, default: str) -> list[str]:

@@ -13,7 +13,8 @@ import pytest
 
 from radixlink.bench.cluster import main
 from radixlink.bench.cluster_gen import TraceSpec, generate, generated_requests
-from radixlink.bench.cluster_trace import TimedRequest
+from radixlink.bench.cluster_trace import TimedRequest, parse_timed_trace
+from radixlink.bench.trace import synthetic_trace
 
 BS = 64
 
@@ -38,17 +39,13 @@ def test_one_spec_gives_one_trace() -> None:
     assert len(generated_requests("gen:requests=300", BS, limit=40)) == 40
 
 
-def test_reuse_sets_how_much_repeats_and_only_as_full_block_prefixes() -> None:
-    """No block repeats at reuse 0; most do at 0.9. A repeated block is always part of a
-    prefix of blocks some earlier request had in the same positions, and the id of a partly
-    filled last block is never seen again (its content changes when the turn goes on)."""
-    none = generated_requests("gen:requests=800,reuse=0,seed=1", BS)
-    most = generated_requests("gen:requests=800,reuse=0.9,seed=1", BS)
-    assert repeated_share(none) == 0.0
-    assert repeated_share(most) > 0.5
+def assert_blocks_repeat_only_as_full_block_prefixes(reqs: list[TimedRequest]) -> None:
+    """A repeated block is always part of a prefix of blocks some earlier request had in the
+    same positions, and the id of a partly filled last block is never seen again (its content
+    changes when the turn goes on: the reply fills it)."""
     where: dict[int, tuple[int, tuple[int, ...]]] = {}  # id -> (position, blocks before it)
     partial: set[int] = set()
-    for r in most:
+    for r in reqs:
         assert not partial & set(r.hash_ids), "a partial block's id came back"
         full = r.hash_ids[: r.input_len // BS]
         for pos, b in enumerate(full):
@@ -57,6 +54,25 @@ def test_reuse_sets_how_much_repeats_and_only_as_full_block_prefixes() -> None:
             where.setdefault(b, (pos, full[:pos]))
         if r.input_len % BS:
             partial.add(r.hash_ids[-1])
+
+
+def test_reuse_sets_how_much_repeats_and_only_as_full_block_prefixes() -> None:
+    """No block repeats at reuse 0; most do at 0.9, as prefixes of full blocks."""
+    none = generated_requests("gen:requests=800,reuse=0,seed=1", BS)
+    most = generated_requests("gen:requests=800,reuse=0.9,seed=1", BS)
+    assert repeated_share(none) == 0.0
+    assert repeated_share(most) > 0.5
+    assert_blocks_repeat_only_as_full_block_prefixes(most)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_fixture_trace_reuses_only_full_blocks_too(seed: int) -> None:
+    """`bench.trace.synthetic_trace` (the tests' and `bench all`'s small chat trace) keeps the
+    same rule: a turn reuses its previous prompt's full blocks, never its partial last one."""
+    lines = [json.dumps(r) for r in synthetic_trace(400, block_size=BS, seed=seed)]
+    reqs = parse_timed_trace(lines, BS)
+    assert repeated_share(reqs) > 0.3
+    assert_blocks_repeat_only_as_full_block_prefixes(reqs)
 
 
 @pytest.mark.parametrize("burst", [1.0, 4.0])
