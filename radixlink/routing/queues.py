@@ -132,10 +132,8 @@ class QueueBook:
             raise ValueError(f"num_nodes must be positive, got {num_nodes}")
         self.num_nodes = num_nodes
         self._jobs: dict[Hashable, _Job] = {}
-        self._pending_s = [0.0] * num_nodes  # estimates of queued, not started, jobs
         self._waiting: list[dict[Hashable, _Job]] = [{} for _ in range(num_nodes)]
         self._running: list[dict[Hashable, _Job]] = [{} for _ in range(num_nodes)]
-        self._count = [0] * num_nodes
         self._link_free_at = [0.0] * num_nodes
 
     def add(self, node: int, req_id: Hashable, est_s: float,
@@ -155,8 +153,6 @@ class QueueBook:
                              f"ready time (or none), got est_s={est_s}, ready_at={ready_at}")
         self._jobs[req_id] = self._waiting[node][req_id] = _Job(node, max(est_s, 0.0),
                                                                  ready_at)
-        self._pending_s[node] += max(est_s, 0.0)
-        self._count[node] += 1
 
     def start(self, req_id: Hashable, now: float) -> None:
         """The node's device started ``req_id`` (a no-op for unknown or started requests)."""
@@ -164,7 +160,6 @@ class QueueBook:
         if job is None or job.started_at is not None:
             return
         job.started_at = now
-        self._pending_s[job.node] -= job.est_s
         del self._waiting[job.node][req_id]
         self._running[job.node][req_id] = job
 
@@ -174,13 +169,9 @@ class QueueBook:
         if job is None:
             return
         if job.started_at is None:
-            self._pending_s[job.node] -= job.est_s
             del self._waiting[job.node][req_id]
         else:
             del self._running[job.node][req_id]
-        self._count[job.node] -= 1
-        if self._count[job.node] == 0:
-            self._pending_s[job.node] = 0.0  # NOTE: drops float drift from += / -=
 
     def add_transfer(self, node: int, est_s: float, now: float) -> float:
         """Book a transfer of ``est_s`` seconds on ``node``'s link; returns when it should
@@ -191,13 +182,17 @@ class QueueBook:
 
     def load(self, node: int, now: float) -> NodeLoad:
         """The node's load at ``now``."""
+        # NOTE: derived from the two tables each time (they hold a few requests per node):
+        # one record of what is in flight, and no float drift from running sums
+        running_jobs, waiting_jobs = self._running[node], self._waiting[node]
         running = sum(max(0.0, j.est_s - (now - (j.started_at or now)))
-                      for j in self._running[node].values())
+                      for j in running_jobs.values())
         waiting = tuple(Waiting(j.est_s, max(0.0, j.ready_at - now))
-                        for j in self._waiting[node].values())
-        return NodeLoad(queue_s=max(0.0, self._pending_s[node]) + running,
+                        for j in waiting_jobs.values())
+        return NodeLoad(queue_s=sum(w.est_s for w in waiting) + running,
                         link_s=max(0.0, self._link_free_at[node] - now),
-                        num_queued=self._count[node], running_s=running, waiting=waiting)
+                        num_queued=len(running_jobs) + len(waiting_jobs), running_s=running,
+                        waiting=waiting)
 
     def loads(self, now: float) -> list[NodeLoad]:
         """Every node's load at ``now``, in node order."""
