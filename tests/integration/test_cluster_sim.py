@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from radixlink.bench.cluster import main
+from radixlink.bench.cluster_gen import generated_requests
 from radixlink.bench.cluster_sim import ClusterConfig, SimResult, Timing, simulate
 from radixlink.bench.cluster_trace import TimedRequest, parse_timed_trace, request_hashes
 from radixlink.bench.trace import synthetic_trace
@@ -47,10 +48,18 @@ def run(reqs: list[TimedRequest], hashes: list[list[str]], policy: str, store_gb
     return simulate(reqs, hashes, cfg)
 
 
-def test_every_token_is_accounted_and_every_request_finishes() -> None:
+def generated_and_hashes(spec: str) -> tuple[list[TimedRequest], list[list[str]]]:
+    reqs = generated_requests(spec, BS)
+    return reqs, request_hashes(reqs, BS, BS, "xxh3")
+
+
+@pytest.mark.parametrize("trace", ["fixture", "gen:requests=300,rate=25,prompt=1500,burst=3",
+                                   "gen:requests=300,rate=25,prompt=1500,reuse=0.95,docs=4"])
+def test_every_token_is_accounted_and_every_request_finishes(trace: str) -> None:
     """device + peer + store + computed tokens == input tokens for every policy; every TTFT
-    is finite and at least the (noise-free) prefill of what was computed."""
-    reqs, hashes = requests_and_hashes()
+    is finite and at least the (noise-free) prefill of what was computed. On the fixture
+    trace and on generated ones (bursty arrivals; heavy reuse of a few documents)."""
+    reqs, hashes = requests_and_hashes() if trace == "fixture" else generated_and_hashes(trace)
     total = sum(r.input_len for r in reqs)
     for policy in ("round_robin", "least_loaded", "device_prefix", "mooncake", "radixlink"):
         res = run(reqs, hashes, policy, 10.0, "cost" if policy == "radixlink" else "always",
