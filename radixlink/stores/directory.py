@@ -1,9 +1,10 @@
 """``file:///path?capacity=50GiB``: one file per page in sharded subdirectories, LRU-capped.
 
-Owns the on-disk layout (sharded paths, leaf directories, the walk) and the store primitives
-over it. Safe with several processes sharing one directory (see docs/stores.md for how the cap
-behaves then). The LRU index, capacity and free-space floor live in pageindex.py; file-level
-safety (no links, no FIFOs, size limits, atomic writes) in pagefiles.py.
+Owns the store primitives over the on-disk layout (dirlayout.py: sharded paths, leaf
+directories, the walk). Safe with several processes sharing one directory (see docs/stores.md
+for how the cap behaves then). The LRU index, capacity and free-space floor live in
+pageindex.py; file-level safety (no links, no FIFOs, size limits, atomic writes) in
+pagefiles.py.
 """
 
 from __future__ import annotations
@@ -12,9 +13,7 @@ import errno
 import itertools
 import os
 import secrets
-import stat
 import time
-import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
@@ -22,6 +21,7 @@ from urllib.parse import unquote
 from radixlink.errors import StoreError
 from radixlink.stores import pagefiles
 from radixlink.stores.base import Store
+from radixlink.stores.dirlayout import ShardLayout, unusable
 from radixlink.stores.pageindex import PageIndex, bytes_short
 from radixlink.stores.params import AUTH, Param, read_params, size, size_or_percent
 from radixlink.stores.registry import parse_size, split_url
@@ -29,7 +29,6 @@ from radixlink.stores.registry import parse_size, split_url
 DEFAULT_CAPACITY = "50GiB"
 DEFAULT_MAX_PAGE = "64MiB"
 DEFAULT_MIN_FREE = "2%"
-STALE_TEMP_S = 3600.0  # a temp file this old is garbage even if its writer's pid is alive
 TOUCH_AFTER_S = 600.0  # a read refreshes a page's mtime at most this often
 _SPACE_ERRORS = (errno.ENOSPC, errno.EDQUOT)
 
@@ -50,16 +49,6 @@ PARAMS = {
 def default_store_url() -> str:
     """The embedded default store: a directory under the user's cache."""
     return "file://~/.cache/radixlink/store"
-
-
-def _file_name(key: str) -> str:
-    # NOTE: two str.replace calls instead of urllib's quote(): 0.3 us vs 14 us per page.
-    name = key.replace("%", "%25").replace("/", "%2F")
-    if name.startswith("."):  # "." starts temp names only
-        name = "%2E" + name[1:]
-    if len(name) > 200:
-        raise ValueError(f"store key is too long for a file name ({len(name)} > 200): {key!r}")
-    return name
 
 
 class DirectoryStore(Store):
@@ -123,8 +112,7 @@ class DirectoryStore(Store):
                 raise StoreError(f"cannot use {self.root!r} as a store directory: "
                                  f"{exc.strerror or exc}; choose a writable path") from exc
         self._index = PageIndex()
-        self._leaves = [f"{self.root}/{shard >> 4:02x}/{shard & 0xF:x}" for shard in range(4096)]
-        self._safe_shards: set[int] = set()  # leaves checked to be real directories
+        self._layout = ShardLayout(self.root)
         self._tag = f"{os.getpid()}.{secrets.token_hex(4)}"
         self._seq = itertools.count()
         self.gc()
@@ -147,32 +135,26 @@ class DirectoryStore(Store):
 
     def path_of(self, key: str) -> str:
         """The file that holds ``key`` (whether or not it exists)."""
-        return self._locate(key)[1]
-
-    def _locate(self, key: str) -> tuple[int, str]:
-        """The shard of ``key`` (its leaf directory's number) and its page file."""
-        # NOTE: a table of leaf directories and an f-string rather than os.path.join: this
-        # runs per page.
-        shard = zlib.crc32(key.encode()) & 0xFFF
-        return shard, f"{self._leaves[shard]}/{_file_name(key)}"
+        return self._layout.locate(key)[1]
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         # NOTE: an lstat per key rather than the index: other processes write here too.
+        layout = self._layout
         try:
             sizes = [
                 pagefiles.page_size_on_disk(path, self.max_page_bytes)
-                if self._leaf_state(shard) == "ok" else None
-                for shard, path in map(self._locate, keys)
+                if layout.leaf_state(shard) == "ok" else None
+                for shard, path in map(layout.locate, keys)
             ]
         except OSError as exc:
-            raise self._unusable("exists", exc) from exc
+            raise unusable(self.root, "exists", exc) from exc
         self._index.observe(keys, sizes, touch=False)
         return [size is not None for size in sizes]
 
     def get(self, keys: Sequence[str]) -> list[bytes | None]:
         out: list[bytes | None] = []
         touch_before = None if self.read_only else time.time() - TOUCH_AFTER_S
-        paths, refused = self._read_paths(keys)
+        paths, refused = self._layout.read_paths(keys)
         errors = 0
         for path in paths:
             try:
@@ -197,40 +179,12 @@ class DirectoryStore(Store):
             raise ValueError(f"get_into: {len(keys)} keys but {len(buffers)} buffers; pass one "
                              "buffer per key")
         touch_before = None if self.read_only else time.time() - TOUCH_AFTER_S
-        paths, unsafe = self._read_paths(keys)
+        paths, unsafe = self._layout.read_paths(keys)
         out, refused, errors = pagefiles.read_pages_into(paths, buffers, self.max_page_bytes,
                                                          touch_before)
         self._index.count_read_misses(unsafe + refused, errors)
         self._index.observe(keys, out, touch=True)
         return out
-
-    def _read_paths(self, keys: Sequence[str]) -> tuple[list[str | None], int]:
-        """The page file of each key, None where its leaf directory is missing or unsafe (a
-        link or a file: nothing is read through it), and how many were unsafe.
-
-        Raises:
-            ValueError: a key too long for a file name (as ``_file_name``).
-        """
-        # NOTE: the batch's shards and names in C-level loops (no call per key); a key that
-        # needs escaping beyond "/" and "%" (a leading ".") or is too long takes _file_name.
-        crc, leaves, safe = zlib.crc32, self._leaves, self._safe_shards
-        shards = [crc(key.encode()) & 0xFFF for key in keys]
-        names = [key.replace("%", "%25").replace("/", "%2F") for key in keys]
-        if any(not name or name[0] == "." or len(name) > 200 for name in names):
-            names = list(map(_file_name, keys))
-        if safe.issuperset(shards):  # the common case: every leaf was checked before
-            return [f"{leaves[shard]}/{name}" for shard, name in zip(shards, names)], 0
-        paths: list[str | None] = []
-        unsafe = 0
-        for shard, name in zip(shards, names):
-            if shard not in safe:
-                state = self._leaf_state(shard)
-                if state != "ok":
-                    unsafe += state == "unsafe"
-                    paths.append(None)
-                    continue
-            paths.append(f"{leaves[shard]}/{name}")
-        return paths, unsafe
 
     def put(self, items: Mapping[str, Any]) -> list[bool]:
         views = [(key, memoryview(value).cast("B")) for key, value in items.items()]
@@ -278,7 +232,7 @@ class DirectoryStore(Store):
         }
 
     def scan(self, prefix: str = "") -> Iterator[tuple[str, int]]:
-        for _, name, size_, _ in self._walk(remove_temps=False):
+        for _, name, size_, _ in self._layout.walk(self.max_page_bytes, remove_temps=False):
             key = unquote(name)
             if key.startswith(prefix):
                 yield key, size_
@@ -287,7 +241,8 @@ class DirectoryStore(Store):
         """Rescan the directory (catching other processes' writes); unless read-only, delete
         stale temp files and least recently used pages past the capacity. Returns the pages
         deleted."""
-        found = sorted(self._walk(remove_temps=not self.read_only), key=lambda entry: entry[3])
+        found = sorted(self._layout.walk(self.max_page_bytes, remove_temps=not self.read_only),
+                       key=lambda entry: entry[3])
         victims = self._index.rebuild(((unquote(name), size_) for _, name, size_, _ in found),
                                       None if self.read_only else self.capacity_bytes)
         return self._unlink(victims)
@@ -298,10 +253,11 @@ class DirectoryStore(Store):
         """Write one page atomically; 0, or the errno of the failure."""
         if view.nbytes > min(self.capacity_bytes, self.max_page_bytes):
             return errno.EFBIG
-        shard, path = self._locate(key)
-        tmp = f"{self._leaves[shard]}/.{self._tag}.{next(self._seq)}.tmp"
+        layout = self._layout
+        shard, path = layout.locate(key)
+        tmp = f"{layout.leaves[shard]}/.{self._tag}.{next(self._seq)}.tmp"
         try:
-            if self._leaf_state(shard) != "ok" and not self._make_leaf(shard):
+            if layout.leaf_state(shard) != "ok" and not layout.make_leaf(shard):
                 return errno.ELOOP  # a shard directory is a link: write nothing through it
             pagefiles.write_page(path, tmp, view)
         except OSError as exc:
@@ -334,76 +290,5 @@ class DirectoryStore(Store):
             except FileNotFoundError:
                 pass
             except OSError as exc:
-                raise self._unusable("unlink", exc) from exc
+                raise unusable(self.root, "unlink", exc) from exc
         return removed
-
-    def _unusable(self, op: str, exc: OSError) -> StoreError:
-        """The ``StoreError`` of an OS error that is not "missing" (the ``Store`` contract:
-        never a raw ``OSError`` into the linker or an engine)."""
-        return StoreError(f"{op} in the directory store {self.root!r} failed: "
-                          f"{type(exc).__name__}: {exc.strerror or exc}; check that the "
-                          "directory is still there, mounted and writable")
-
-    def _leaf_state(self, shard: int) -> str:
-        """``"ok"`` when the shard's two directories are real directories, ``"missing"``
-        when one does not exist, ``"unsafe"`` when one is a symlink or a file (it would send
-        reads and writes out of the store). A good leaf is remembered for the process."""
-        if shard in self._safe_shards:
-            return "ok"
-        leaf = self._leaves[shard]
-        for directory in (leaf.rpartition("/")[0], leaf):
-            try:
-                mode = os.lstat(directory).st_mode
-            except FileNotFoundError:
-                return "missing"
-            except OSError as exc:  # the root became a file, EIO, EACCES: the store is unusable
-                raise self._unusable("lstat", exc) from exc
-            if not stat.S_ISDIR(mode):
-                return "unsafe"
-        self._safe_shards.add(shard)
-        return "ok"
-
-    def _make_leaf(self, shard: int) -> bool:
-        """Create the shard's directories one level at a time (mkdir never follows a link);
-        False when one of them exists and is not a real directory."""
-        leaf = self._leaves[shard]
-        for directory in (leaf.rpartition("/")[0], leaf):
-            try:
-                os.mkdir(directory)
-            except FileExistsError:
-                pass
-            if not pagefiles.is_real_dir(directory):
-                return False
-        self._safe_shards.add(shard)
-        return True
-
-    def _walk(self, remove_temps: bool) -> Iterator[tuple[str, str, int, float]]:
-        """Yield ``(path, file name, size, mtime)`` of every page file (regular files up to
-        ``max_page_bytes``; links and other files are not pages); optionally delete temp
-        files whose writer is dead or that are older than ``STALE_TEMP_S``."""
-        try:
-            yield from self._walk_pages(remove_temps)
-        except OSError as exc:
-            raise self._unusable("scan", exc) from exc
-
-    def _walk_pages(self, remove_temps: bool) -> Iterator[tuple[str, str, int, float]]:
-        now = time.time()
-        for level1 in pagefiles.subdirs(self.root, name_len=2):
-            for level2 in pagefiles.subdirs(level1, name_len=1):
-                with os.scandir(level2) as entries:
-                    for entry in entries:
-                        try:
-                            st = entry.stat(follow_symlinks=False)
-                        except FileNotFoundError:
-                            continue  # evicted or replaced meanwhile
-                        if not entry.is_file(follow_symlinks=False):
-                            continue
-                        if not pagefiles.is_temp(entry.name):
-                            if st.st_size <= self.max_page_bytes:
-                                yield entry.path, entry.name, st.st_size, st.st_mtime
-                        elif remove_temps and (
-                            not pagefiles.writer_alive(entry.name)
-                            or now - st.st_mtime > STALE_TEMP_S
-                        ):
-                            pagefiles.remove_quietly(entry.path)
-
