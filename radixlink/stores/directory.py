@@ -139,12 +139,11 @@ class DirectoryStore(Store):
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         # NOTE: an lstat per key rather than the index: other processes write here too.
-        layout = self._layout
+        paths, _ = self._layout.read_paths(keys)
         try:
             sizes = [
-                pagefiles.page_size_on_disk(path, self.max_page_bytes)
-                if layout.leaf_state(shard) == "ok" else None
-                for shard, path in map(layout.locate, keys)
+                None if path is None else pagefiles.page_size_on_disk(path, self.max_page_bytes)
+                for path in paths
             ]
         except OSError as exc:
             raise unusable(self.root, "exists", exc) from exc
@@ -259,6 +258,7 @@ class DirectoryStore(Store):
         try:
             if layout.leaf_state(shard) != "ok" and not layout.make_leaf(shard):
                 return errno.ELOOP  # a shard directory is a link: write nothing through it
+            layout.remember(key, path)
             pagefiles.write_page(path, tmp, view)
         except OSError as exc:
             return exc.errno or errno.EIO

@@ -12,13 +12,14 @@ import os
 import stat
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from radixlink.errors import StoreError
 from radixlink.stores import pagefiles
 
 STALE_TEMP_S = 3600.0  # a temp file this old is garbage even if its writer's pid is alive
 MAX_NAME = 200  # file name characters; a longer key is refused
+PATH_MEMO = 1 << 14  # page files remembered by key (about 0.3 KiB each), then forgotten at once
 
 
 def file_name(key: str) -> str:
@@ -58,12 +59,14 @@ def unusable(root: str, op: str, exc: OSError) -> StoreError:
 class ShardLayout:
     """Pages as files ``<root>/<aa>/<b>/<escaped key>``: ``aab``, 12 bits of the key's crc32,
     picks one of 4096 leaf directories (created on first use). A leaf found to be two real
-    directories is remembered for the process."""
+    directories is remembered for the process, and so is the page file of a key read, looked
+    up or written through such a leaf (up to ``PATH_MEMO`` keys)."""
 
     def __init__(self, root: str):
         self.root = root
         self.leaves = [f"{root}/{shard >> 4:02x}/{shard & 0xF:x}" for shard in range(4096)]
         self._safe: set[int] = set()  # leaves checked to be real directories
+        self._paths: dict[str, str] = {}  # key -> page file, its leaf in _safe
 
     def locate(self, key: str) -> tuple[int, str]:
         """The shard of ``key`` (its leaf directory's number) and its page file."""
@@ -79,12 +82,20 @@ class ShardLayout:
         Raises:
             ValueError: a key too long for a file name (as ``file_name``).
         """
+        # NOTE: a LOAD reads the keys its LOOKUP asked for, and a node reads back what it
+        # wrote: remembered paths skip the crc and the name rules (a tenth of a 64 KiB read)
+        memo = self._paths
+        known: list[str | None] = list(map(memo.get, keys))
+        if None not in known:
+            return known, 0
         # NOTE: the batch's shards and names in C-level loops (no call per key)
         crc, leaves, safe = zlib.crc32, self.leaves, self._safe
         shards = [crc(key.encode()) & 0xFFF for key in keys]
         names = file_names(keys)
         if safe.issuperset(shards):  # the common case: every leaf was checked before
-            return [f"{leaves[shard]}/{name}" for shard, name in zip(shards, names)], 0
+            found = [f"{leaves[shard]}/{name}" for shard, name in zip(shards, names)]
+            self._remember(zip(keys, found))
+            return list[str | None](found), 0
         paths: list[str | None] = []
         unsafe = 0
         for shard, name in zip(shards, names):
@@ -95,7 +106,17 @@ class ShardLayout:
                     paths.append(None)
                     continue
             paths.append(f"{leaves[shard]}/{name}")
+        self._remember((key, path) for key, path in zip(keys, paths) if path is not None)
         return paths, unsafe
+
+    def remember(self, key: str, path: str) -> None:
+        """Note the page file of ``key``, written through a leaf just checked or made."""
+        self._remember(((key, path),))
+
+    def _remember(self, pairs: Iterable[tuple[str, str]]) -> None:
+        if len(self._paths) > PATH_MEMO:
+            self._paths.clear()  # NOTE: forgetting costs a crc per key later, nothing else
+        self._paths.update(pairs)
 
     def leaf_state(self, shard: int) -> str:
         """``"ok"`` when the shard's two directories are real directories, ``"missing"``

@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -48,6 +48,12 @@ class PageIndex:
         """Fold what a read saw on disk into the index (other processes add and evict)."""
         with self._lock:
             index = self._index
+            if touch and None not in sizes and list(map(index.get, keys)) == list(sizes):
+                # NOTE: the common read (every page known, at its known size) in C-level
+                # loops: a Python step per page was a twentieth of a 64 KiB read on tmpfs
+                deque(map(index.move_to_end, keys), maxlen=0)
+                self._counts["hits"] += len(keys)
+                return
             for key, size_ in zip(keys, sizes, strict=True):
                 if size_ is None:
                     self._bytes -= index.pop(key, 0)

@@ -1,13 +1,15 @@
-"""The conformance suite against ``file://`` (a fresh directory per test)."""
+"""The conformance suite against ``file://`` (a fresh directory per test), and its fast read
+path's rules."""
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from radixlink.stores import open_store
+from radixlink.stores import dirlayout, open_store
 
-from .conformance import Backend, BackendContract, closing
+from .conformance import Backend, BackendContract, closing, codec, key, payload
 
 
 class TestDirectoryStore(BackendContract):
@@ -17,3 +19,45 @@ class TestDirectoryStore(BackendContract):
         yield from closing(
             Backend(lambda cap: open_store(url + str(cap or 1 << 30)), persistent=True)
         )
+
+
+def _buffers(n: int, size: int) -> list[memoryview]:
+    arena = memoryview(bytearray(n * size))
+    return [arena[i * size : (i + 1) * size] for i in range(n)]
+
+
+def test_a_get_into_batch_counts_as_a_use(tmp_path: Path) -> None:
+    """A batch read of known pages (the fast path: every page at its indexed size) moves them
+    to most recently used and counts its hits: the next eviction takes other pages."""
+    c = codec()
+    blobs = {key(i): c.encode(payload(i), key(i)) for i in range(12)}
+    size = len(blobs[key(0)])
+    store = open_store(f"file://{tmp_path}/store?capacity={10 * size}")
+    store.put({key(i): blobs[key(i)] for i in range(8)})
+    assert store.get_into([key(0), key(1)], _buffers(2, size)) == [size, size]
+    assert store.stats()["hits"] == 2
+    store.put({key(i): blobs[key(i)] for i in range(8, 12)})
+    assert store.exists([key(i) for i in range(12)]) == [True, True, False, False] + [True] * 8
+
+
+def test_remembered_page_files_keep_every_read_rule(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Page files remembered by key (written, looked up or read before) are read with the same
+    rules: a page replaced by a symlink to an old file outside is refused and its target left
+    untouched; past the memo's bound every page still reads back whole."""
+    monkeypatch.setattr(dirlayout, "PATH_MEMO", 4)
+    store = open_store(f"file://{tmp_path}/store")
+    store.put({key(i): payload(i, 100) for i in range(10)})
+    assert store.exists([key(i) for i in range(10)]) == [True] * 10
+    buffers = _buffers(10, 100)
+    assert store.get_into([key(i) for i in range(10)], buffers) == [100] * 10
+    assert all(bytes(buffers[i]) == payload(i, 100) for i in range(10))
+    assert len(store._layout._paths) <= 4 + 10
+    target = tmp_path / "outside"
+    target.write_bytes(b"x" * 100)
+    os.utime(target, (1_000_000, 1_000_000))
+    page = Path(store.path_of(key(9)))
+    page.unlink()
+    page.symlink_to(target)
+    assert store.get_into([key(9)], buffers[:1]) == [None]
+    assert store.stats()["refused"] == 1 and target.stat().st_mtime == 1_000_000
