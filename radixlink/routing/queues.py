@@ -185,8 +185,8 @@ class QueueBook:
         # NOTE: derived from the two tables each time (they hold a few requests per node):
         # one record of what is in flight, and no float drift from running sums
         running_jobs, waiting_jobs = self._running[node], self._waiting[node]
-        running = sum(max(0.0, j.est_s - (now - (j.started_at or now)))
-                      for j in running_jobs.values())
+        running = sum(max(0.0, j.est_s - (now - j.started_at))
+                      for j in running_jobs.values() if j.started_at is not None)
         waiting = tuple(Waiting(j.est_s, max(0.0, j.ready_at - now))
                         for j in waiting_jobs.values())
         return NodeLoad(queue_s=sum(w.est_s for w in waiting) + running,

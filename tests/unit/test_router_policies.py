@@ -120,6 +120,15 @@ def test_queue_book() -> None:
         book.add(0, "c", 1.0)
 
 
+def test_a_request_started_at_time_zero_counts_down_too() -> None:
+    """A clock that starts at 0 (the cluster simulation's): the first request, started at 0.0,
+    counts down like any other (it was counted as just started, forever)."""
+    book = QueueBook(1)
+    book.add(0, "first", 0.9)
+    book.start("first", now=0.0)
+    assert book.load(0, now=0.6).queue_s == pytest.approx(0.3)
+
+
 def test_queue_book_knows_what_waits_on_a_transfer() -> None:
     """A request booked with the end of its transfers is waiting on them until then; a
     started one is running, not waiting."""
@@ -219,3 +228,4 @@ def test_router_routes_by_real_kv_events() -> None:
     with pytest.raises(ValueError, match="exceed"):
         router.query(hashes, 3, now=0.0)
     assert torch.equal(caches[1].match_prefix(turn).device_indices[:32], slots[:32])
+
