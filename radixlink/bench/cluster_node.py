@@ -1,8 +1,9 @@
 """One simulated node of `radixlink bench cluster`: a real index-only ``UnifiedCache`` (page
 hashes and KV events on) plus the timing state of its device and its transfer links.
 
-Owns the per-request cache protocol on a node (match + lock on arrival, alloc on start, insert
-+ unlock on finish) through the public cache API. Must not decide routing or timing models.
+Owns the per-request cache protocol on a node (match + lock on arrival, match again + alloc on
+start, insert + unlock on finish) through the public cache API. Must not decide routing or
+timing models.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class SimNode:
         self.uplink_free_s = 0.0
         self._ready: list[tuple[float, int, Job]] = []
         self.truncated = 0
+        self.rematched_tokens = 0  # prefix tokens found on the device at start, not arrival
 
     def arrive(self, job: Job) -> None:
         """Match the prompt on the device and lock that prefix until the job finishes."""
@@ -93,10 +95,22 @@ class SimNode:
 
     def next_job(self) -> Job | None:
         """The ready job that arrived first, if the device is idle; it then holds the device
-        and its slots (loaded + computed tokens) are allocated, evicting LRU pages."""
+        and its slots (loaded + computed tokens) are allocated, evicting LRU pages.
+
+        Its prompt is matched again first, as engine schedulers match when they schedule: a
+        request that finished meanwhile may have left more of it on the device than the job
+        has locked and loaded. Then that longer prefix is locked and nothing is computed
+        for it (what was loaded is not used)."""
         if self.busy or not self._ready:
             return None
         job = heapq.heappop(self._ready)[2]
+        m = self.cache.match_prefix(job.key)
+        if m.prefix_len > job.prefix_len:
+            handle = self.cache.lock(m.last_node)
+            self.cache.unlock(job.handle)
+            self.rematched_tokens += m.prefix_len - job.prefix_len
+            job.handle, job.device_len, job.device_slots = handle, m.prefix_len, m.device_indices
+            job.peer_tokens = job.store_tokens = 0
         new = self.cache.alloc(len(job.key) - job.device_len)
         if new is None:
             # NOTE: locks of queued jobs pin their prefixes; cache only the part that fits

@@ -202,9 +202,13 @@ class _Run:
         peer_len = decision.plan.prefix_len if decision.plan.source is Source.PEER else 0
         peer_len = min(peer_len, whole * ps)
         self._plan_loads(job, est, peer_len, store_len, now)
-        job.est_s = prefill_rest_s(est.prefill, req.input_len, job.prefix_len)
+        # NOTE: the node matches again when it starts the job (as engine schedulers do), so
+        # what requests ahead of it there will have computed counts too
+        ahead = min(query.expected_lens[decision.node], whole * ps)
+        job.est_s = prefill_rest_s(est.prefill, req.input_len, max(job.prefix_len, ahead))
         ready, expected = self._start_transfers(node, job, est, now)
-        self.router.book(decision.node, i, job.est_s, ready_at=expected)
+        self.router.book(decision.node, i, job.est_s, ready_at=expected,
+                         hashes=hashes[:whole])
         self.counts["device_tokens"] += job.device_len
         self.counts["declined_store_tokens"] += max(0, store_len - job.prefix_len)
         self.push(ready, _READY, job)
@@ -269,7 +273,7 @@ class _Run:
         if job is None:
             return
         self._ingest(node, now)
-        self.router.queues.start(job.req, now)
+        self.router.start(job.req, now)
         seconds = (prefill_rest_s(self.cfg.timing.prefill, job.prompt_len, job.prefix_len)
                    * self.prefill_noise[job.req])
         self.counts["busy_us"] += int(seconds * 1e6)
@@ -282,7 +286,7 @@ class _Run:
         cached = min(job.prefix_len, job.prompt_len - 1)
         self.tracker.observe_prefill(job.prompt_len - cached, cached, seconds)
         self.counts["computed_tokens"] += job.prompt_len - cached
-        self.router.queues.finish(job.req)
+        self.router.finish(job.req)
         self._ingest(node, now)
         self.start_next(node, now)
 
@@ -324,6 +328,7 @@ class _Run:
         for node in self.nodes:
             node.check_idle()
             self.counts["truncated_prompts"] += node.truncated
+            self.counts["rematched_tokens"] += node.rematched_tokens
         if self.store is not None:
             self.counts["store_evicted_pages"] = int(self.store.stats().get("evicted", 0))
             self.store.close()

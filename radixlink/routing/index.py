@@ -14,7 +14,9 @@ from radixlink.metrics import KVEvent, KVEventKind, Tier
 
 class PrefixIndex:
     """Page hash -> holders. Device holders are kept as one bitmask per page (bit i = node i),
-    so a prefix query over all nodes is one pass over the request's pages.
+    so a prefix query over all nodes is one pass over the request's pages. Pages a node is
+    expected to hold, those of requests routed there and not finished (``expect``), are kept
+    the same way, apart from what its events say.
 
     Events name their node by ``KVEvent.node_id`` (the ``node_id`` of the emitting
     ``KVEventQueue``); the index maps ids to positions in ``node_ids``. Store events (emitted
@@ -35,6 +37,8 @@ class PrefixIndex:
         self._device: dict[str, int] = {}
         self._store: set[str] = set()
         self._counts: Counter[str] = Counter()
+        self._expected: dict[str, int] = {}  # page hash -> bitmask of nodes expecting it
+        self._expecting: Counter[tuple[str, int]] = Counter()  # (page hash, node) -> requests
 
     def apply(self, events: Iterable[KVEvent]) -> None:
         """Fold events in, in emit order. Events of unknown nodes and HOST events are counted
@@ -63,13 +67,44 @@ class PrefixIndex:
                     else:
                         device.pop(h, None)
 
+    def expect(self, node: int, hashes: Sequence[str]) -> None:
+        """A request routed to ``node`` (a position in ``node_ids``) will leave ``hashes`` on
+        its device when it finishes; ``unexpect`` with the same pages when it has."""
+        bit, expecting, expected = 1 << node, self._expecting, self._expected
+        for h in hashes:
+            expecting[h, node] += 1
+            expected[h] = expected.get(h, 0) | bit
+
+    def unexpect(self, node: int, hashes: Sequence[str]) -> None:
+        """Undo one ``expect(node, hashes)``."""
+        bit, expecting, expected = 1 << node, self._expecting, self._expected
+        for h in hashes:
+            left = expecting[h, node] - 1
+            if left > 0:
+                expecting[h, node] = left
+                continue
+            del expecting[h, node]
+            mask = expected.get(h, 0) & ~bit
+            if mask:
+                expected[h] = mask
+            else:
+                expected.pop(h, None)
+
     def device_prefix_pages(self, hashes: Sequence[str]) -> list[int]:
         """Per node (in ``node_ids`` order), how many leading pages of ``hashes`` its device
         holds."""
+        return self._prefix_pages(self._device, hashes)
+
+    def expected_prefix_pages(self, hashes: Sequence[str]) -> list[int]:
+        """Per node, how many leading pages of ``hashes`` requests routed there and not
+        finished will leave on its device."""
+        return self._prefix_pages(self._expected, hashes)
+
+    def _prefix_pages(self, holders: dict[str, int], hashes: Sequence[str]) -> list[int]:
         out = [len(hashes)] * len(self.node_ids)
-        alive, device = self._all, self._device
+        alive = self._all
         for i, h in enumerate(hashes):
-            held = device.get(h, 0)
+            held = holders.get(h, 0)
             gone = alive & ~held
             while gone:
                 low = gone & -gone
@@ -88,6 +123,7 @@ class PrefixIndex:
         return len(hashes)
 
     def stats(self) -> dict[str, int]:
-        """Events applied and skipped; pages indexed on devices and in the store."""
+        """Events applied and skipped; pages indexed on devices, in the store and expected."""
         return {"events": self._counts["events"], "skipped": self._counts["skipped"],
-                "device_pages": len(self._device), "store_pages": len(self._store)}
+                "device_pages": len(self._device), "store_pages": len(self._store),
+                "expected_pages": len(self._expected)}

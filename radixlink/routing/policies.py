@@ -26,6 +26,8 @@ class RouteQuery:
         loads: per node, its load (same order as ``device_lens``).
         page_size: tokens per page: every page-aligned prefix up to a holder's length is
             restorable too (0 = only the lengths given).
+        expected_lens: per node, tokens of the prefix that requests routed there and not
+            finished will leave on its device (empty = not known).
     """
 
     prompt_len: int
@@ -33,11 +35,15 @@ class RouteQuery:
     store_len: int
     loads: tuple[NodeLoad, ...]
     page_size: int = 0
+    expected_lens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.device_lens or len(self.device_lens) != len(self.loads):
             raise ValueError(f"need one device length and one load per node, got "
                              f"{len(self.device_lens)} and {len(self.loads)}")
+        if self.expected_lens and len(self.expected_lens) != len(self.device_lens):
+            raise ValueError(f"need one expected length per node, got "
+                             f"{len(self.expected_lens)} for {len(self.device_lens)} nodes")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,9 +72,14 @@ class RoutingPolicy:
     def plan(self, query: RouteQuery, node: int, estimates: Estimates) -> Plan:
         return self._plan(query, node, estimates, query.loads[node].queue_s)
 
+    def device_len(self, query: RouteQuery, node: int) -> int:
+        """Tokens of the prefix this policy counts on ``node``'s device when the request
+        starts there (here: what its KV events say it holds now)."""
+        return query.device_lens[node]
+
     def _plan(self, query: RouteQuery, node: int, estimates: Estimates,
               queue_s: float) -> Plan:
-        return plan_ttft(prompt_len=query.prompt_len, device_len=query.device_lens[node],
+        return plan_ttft(prompt_len=query.prompt_len, device_len=self.device_len(query, node),
                          offers=self.offers(query, node, estimates), estimates=estimates,
                          queue_s=queue_s, link_s=query.loads[node].link_s, hide=self.hide)
 
@@ -127,7 +138,7 @@ class Mooncake(RoutingPolicy):
 
     def offers(self, query: RouteQuery, node: int, estimates: Estimates) -> list[Offer]:
         peer = max((n for i, n in enumerate(query.device_lens) if i != node), default=0)
-        if estimates.peer is None or peer <= query.device_lens[node]:
+        if estimates.peer is None or peer <= self.device_len(query, node):
             return []
         return [Offer(source=Source.PEER, lengths=(peer,), transfer=estimates.peer,
                       step=query.page_size)]
@@ -135,13 +146,20 @@ class Mooncake(RoutingPolicy):
 
 class Radixlink(Mooncake):
     """Every tier: the node's device, another node's device, and the shared store; each
-    load weighed against recomputing (it may be declined)."""
+    load weighed against recomputing (it may be declined). A node's device also counts the
+    prefix that requests already routed there will have computed before this one starts
+    (``RouteQuery.expected_lens``): a request on a document still in prefill goes behind it
+    instead of computing it again elsewhere."""
 
     name = "radixlink"
 
+    def device_len(self, query: RouteQuery, node: int) -> int:
+        held = query.device_lens[node]
+        return max(held, query.expected_lens[node]) if query.expected_lens else held
+
     def offers(self, query: RouteQuery, node: int, estimates: Estimates) -> list[Offer]:
         out = super().offers(query, node, estimates)
-        if estimates.store is not None and query.store_len > query.device_lens[node]:
+        if estimates.store is not None and query.store_len > self.device_len(query, node):
             out.append(Offer(source=Source.STORE, lengths=(query.store_len,),
                              transfer=estimates.store, step=query.page_size))
         return out

@@ -72,7 +72,7 @@ def _route(router: Router, info: NodeInfo, key: Hashable, history: Sequence[int]
     decision = router.route(hashes, len(history) + SUFFIX_TOKENS, time.monotonic())
     plan = decision.plan
     router.book(decision.node, key, plan.load_s + plan.prefill_s
-                + max_new_tokens * router.estimates.decode_token_s)
+                + max_new_tokens * router.estimates.decode_token_s, hashes=hashes)
     counts[f"node {decision.node}"] += 1
     counts[f"planned {plan.source.value}"] += 1
     return decision.node
@@ -101,7 +101,7 @@ def _router_main(policy: str, num_nodes: int, max_new_tokens: int, inbox: Any,
                 outbox.put(("routed", msg[1], node))
             elif msg[0] == "done":
                 assert router is not None
-                router.queues.finish(msg[1])
+                router.finish(msg[1])
                 _observe(router.tracker, msg[2])
                 router.ingest(msg[3])
             elif msg[0] == "events":

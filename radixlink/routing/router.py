@@ -44,6 +44,10 @@ class Router:
         self.tracker = tracker
         self.page_size = page_size
         self._store_prefix = store_prefix or self.index.store_prefix_pages
+        # NOTE: a request's pages count as expected on its node once its transfers should
+        # have ended: before that a ready request sent there would start ahead of it
+        self._expected: dict[Hashable, tuple[int, tuple[str, ...]]] = {}  # req -> node, pages
+        self._loading: dict[Hashable, tuple[int, tuple[str, ...], float]] = {}  # + ready at
 
     @property
     def num_nodes(self) -> int:
@@ -70,16 +74,45 @@ class Router:
                              f"{prompt_len} tokens")
         has_store = self.estimates.store is not None
         store = self._store_prefix(hashes) * ps if has_store and hashes else 0
+        self._promote(now)
+        index = self.index
         return RouteQuery(prompt_len=prompt_len,
-                          device_lens=tuple(p * ps for p in self.index.device_prefix_pages(hashes)),
-                          store_len=store, loads=tuple(self.queues.loads(now)), page_size=ps)
+                          device_lens=tuple(p * ps for p in index.device_prefix_pages(hashes)),
+                          store_len=store, loads=tuple(self.queues.loads(now)), page_size=ps,
+                          expected_lens=tuple(p * ps for p in
+                                              index.expected_prefix_pages(hashes)))
 
     def route(self, hashes: Sequence[str], prompt_len: int, now: float) -> Decision:
         """The policy's choice for one request (nothing is booked: see ``book``)."""
         return self.policy.choose(self.query(hashes, prompt_len, now), self.estimates)
 
     def book(self, node: int, req_id: Hashable, est_s: float,
-             ready_at: float = float("-inf")) -> None:
+             ready_at: float = float("-inf"), hashes: Sequence[str] = ()) -> None:
         """``req_id`` was sent to ``node`` and should take ``est_s`` of its device once its
-        transfers end at ``ready_at`` (``now``'s clock; the default: it is ready)."""
+        transfers end at ``ready_at`` (``now``'s clock; the default: it is ready); when it
+        finishes, the node's device should hold the pages ``hashes`` (its prompt's whole
+        pages: queries from ``ready_at`` on see them in ``expected_lens``, until ``finish``)."""
         self.queues.add(node, req_id, est_s, ready_at)
+        if hashes:
+            self._loading[req_id] = (node, tuple(hashes), ready_at)
+
+    def start(self, req_id: Hashable, now: float) -> None:
+        """The node's device started ``req_id``."""
+        self.queues.start(req_id, now)
+
+    def finish(self, req_id: Hashable) -> None:
+        """``req_id`` left its node (done or failed; a no-op for unknown requests): its pages
+        are no longer expected there (the node's KV events say what it holds)."""
+        self.queues.finish(req_id)
+        self._loading.pop(req_id, None)
+        expected = self._expected.pop(req_id, None)
+        if expected is not None:
+            self.index.unexpect(*expected)
+
+    def _promote(self, now: float) -> None:
+        """Requests whose transfers should have ended by ``now``: their pages are expected."""
+        ready = [req for req, (_, _, at) in self._loading.items() if at <= now]
+        for req in ready:
+            node, pages, _ = self._loading.pop(req)
+            self.index.expect(node, pages)
+            self._expected[req] = (node, pages)

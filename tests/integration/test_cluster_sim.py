@@ -56,7 +56,8 @@ def generated_and_hashes(spec: str) -> tuple[list[TimedRequest], list[list[str]]
 @pytest.mark.parametrize("trace", ["fixture", "gen:requests=300,rate=25,prompt=1500,burst=3",
                                    "gen:requests=300,rate=25,prompt=1500,reuse=0.95,docs=4"])
 def test_every_token_is_accounted_and_every_request_finishes(trace: str) -> None:
-    """device + peer + store + computed tokens == input tokens for every policy; every TTFT
+    """device + peer + store + rematched (found on the device at start, beyond what the job
+    had locked and loaded) + computed tokens == input tokens for every policy; every TTFT
     is finite and at least the (noise-free) prefill of what was computed. On the fixture
     trace and on generated ones (bursty arrivals; heavy reuse of a few documents)."""
     reqs, hashes = requests_and_hashes() if trace == "fixture" else generated_and_hashes(trace)
@@ -66,10 +67,30 @@ def test_every_token_is_accounted_and_every_request_finishes(trace: str) -> None
                   noise=0.0)
         c = res.counts
         assert c["device_tokens"] + c["peer_tokens"] + c["store_tokens"] + c[
-            "computed_tokens"] == total
+            "rematched_tokens"] + c["computed_tokens"] == total
         assert np.isfinite(res.ttft_s).all()
         assert (res.ttft_s >= PREFILL.overhead_s + PREFILL.token_s - 1e-12).all()
         assert c["store_tokens"] + c["peer_tokens"] > 0 and c["offload_bytes"] > 0
+
+
+def test_a_twin_sent_behind_a_prefill_reuses_what_it_computed() -> None:
+    """Two requests on one 4,000-token document (0.9 s of prefill), the second 0.6 s after the
+    first, while it is still in prefill (no device or store holds the document yet).
+    radixlink counts the first's pages on its node (expected) and sends the twin behind it;
+    that node matches the twin again when it starts and computes only its own suffix.
+    device_prefix, which sees only computed prefixes, spreads them and computes the document
+    twice."""
+    doc = tuple(range(63))  # 4,032 tokens of shared blocks
+    reqs = [TimedRequest(0.0, 63 * BS + 10, 10, (*doc, 1000)),
+            TimedRequest(0.6, 63 * BS + 10, 10, (*doc, 1001))]
+    hashes = request_hashes(reqs, BS, BS, "xxh3")
+    twin = run(reqs, hashes, "radixlink", 10.0, "cost", noise=0.0)
+    spread = run(reqs, hashes, "device_prefix", 10.0, noise=0.0)
+    assert twin.counts["rematched_tokens"] == 63 * BS
+    assert twin.counts["computed_tokens"] == 63 * BS + 10 + 10
+    assert spread.counts["rematched_tokens"] == 0
+    assert spread.counts["computed_tokens"] == 2 * (63 * BS + 10)
+    assert twin.ttft_s.sum() < spread.ttft_s.sum()
 
 
 def test_a_lone_request_takes_exactly_its_prefill() -> None:

@@ -229,3 +229,27 @@ def test_router_routes_by_real_kv_events() -> None:
         router.query(hashes, 3, now=0.0)
     assert torch.equal(caches[1].match_prefix(turn).device_indices[:32], slots[:32])
 
+
+def test_router_expects_the_pages_of_requests_in_flight() -> None:
+    """Pages booked with a request count on its node (``expected_lens``) once its transfers
+    should have ended, and no more once it finishes; radixlink then sends a twin behind it,
+    device_prefix (events only) does not see them."""
+    router = Router("radixlink", ["0", "1"], EstimateTracker(est()), page_size=4)
+    prompt = list(range(1, 4003))  # 1,000 whole pages and 2 tokens
+    hashes = page_hashes(prompt, 4)
+    router.book(0, "ready", 0.05, hashes=hashes[:4])
+    router.book(1, "loading", 0.1, ready_at=5.0, hashes=hashes)
+    assert router.query(hashes, len(prompt), now=1.0).expected_lens == (16, 0)
+    assert router.query(hashes, len(prompt), now=5.0).expected_lens == (16, 4000)
+    # node 1: 0.1 s queued + 2 tokens (0.105 s); node 0: 0.05 s + 3,986 tokens (0.454 s)
+    assert router.route(hashes, len(prompt), now=5.0).node == 1
+    assert make_policy("device_prefix").choose(router.query(hashes, len(prompt), now=5.0),
+                                               router.estimates).plan.device_len == 0
+    router.finish("loading")
+    router.finish("ready")
+    router.finish("unknown")
+    assert router.query(hashes, len(prompt), now=6.0).expected_lens == (0, 0)
+    assert router.index.stats()["expected_pages"] == 0
+    with pytest.raises(ValueError, match="expected length per node"):
+        RouteQuery(prompt_len=1, device_lens=(0, 0), store_len=0, loads=BUSY_HOLDER.loads,
+                   expected_lens=(0,))
