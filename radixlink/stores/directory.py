@@ -52,9 +52,10 @@ def default_store_url() -> str:
 
 
 class DirectoryStore(Store):
-    """Pages as files ``<root>/<aa>/<b>/<escaped key>``: ``aab``, 12 bits of the key's crc32,
+    """Pages as files ``<root>/<aab>/<escaped key>``: ``aab``, 12 bits of the key's crc32,
     picks one of 4096 leaf directories (created on first use; ``/`` and ``%`` in the key are
-    percent-escaped in the file name).
+    percent-escaped in the file name). Opened writable, it first moves the leaves of the
+    two-level layout of earlier versions (``<aa>/<b>``) to their one-level names.
 
     Writes go to a temp file in the same directory, then ``os.replace`` it over the page, so
     readers (any process) see a complete old or new page, never a partial one, and concurrent
@@ -115,6 +116,8 @@ class DirectoryStore(Store):
         self._layout = ShardLayout(self.root)
         self._tag = f"{os.getpid()}.{secrets.token_hex(4)}"
         self._seq = itertools.count()
+        if not read_only:
+            self._layout.upgrade()
         self.gc()
 
     @classmethod
