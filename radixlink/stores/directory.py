@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import logging
 import os
 import secrets
 import time
@@ -25,6 +26,8 @@ from radixlink.stores.dirlayout import ShardLayout, unusable
 from radixlink.stores.pageindex import PageIndex, bytes_short
 from radixlink.stores.params import AUTH, Param, read_params, size, size_or_percent
 from radixlink.stores.registry import parse_size, split_url
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_CAPACITY = "50GiB"
 DEFAULT_MAX_PAGE = "64MiB"
@@ -118,6 +121,12 @@ class DirectoryStore(Store):
         self._seq = itertools.count()
         if not read_only:
             self._layout.upgrade()
+        self._old_leaves = len(self._layout.old_leaves())
+        if self._old_leaves and read_only:
+            logger.warning("the directory store %r holds %d leaf directories of the two-level "
+                        "layout of earlier versions; their pages read as misses until it is "
+                        "opened writable once (radixlink store gc URL)",
+                        self.root, self._old_leaves)
         self.gc()
 
     @classmethod
@@ -230,6 +239,7 @@ class DirectoryStore(Store):
             "min_free": self.min_free,
             "read_only": self.read_only,
             "sealed": self.page_secret is not None,
+            "old_layout_leaves": self._old_leaves,  # not yet moved (upgrade); misses
             **index,  # the counters, then put_errors
         }
 

@@ -156,6 +156,20 @@ class ShardLayout:
         self._safe.add(shard)
         return True
 
+    def old_leaves(self) -> list[str]:
+        """The real leaf directories of the two-level layout (``<root>/<aa>/<b>/``) still
+        here: empty once ``upgrade`` ran, unless a link or a race kept one.
+
+        Raises:
+            StoreError: the root could not be read.
+        """
+        try:
+            return [level2 for level1 in pagefiles.subdirs(self.root, name_len=2)
+                    for level2 in pagefiles.subdirs(level1, name_len=1)
+                    if _is_hex(level1[-2:] + level2[-1:])]
+        except OSError as exc:
+            raise unusable(self.root, "scan", exc) from exc
+
     def upgrade(self) -> int:
         """Move the leaves of the two-level layout (``<root>/<aa>/<b>/``) to their one-level
         names (``<root>/<aab>/``), the same shard: one rename per leaf, pages untouched. Where
@@ -166,20 +180,16 @@ class ShardLayout:
         Raises:
             StoreError: the root could not be read.
         """
-        moved = 0
-        try:
-            for level1 in pagefiles.subdirs(self.root, name_len=2):
-                for level2 in pagefiles.subdirs(level1, name_len=1):
-                    name = level1[-2:] + level2[-1:]
-                    if not _is_hex(name):
-                        continue
-                    moved += _move_leaf(level2, f"{self.root}/{name}")
-                try:
-                    os.rmdir(level1)
-                except OSError:
-                    pass  # NOTE: not empty (not a leaf of ours, or raced): left as it is
-        except OSError as exc:
-            raise unusable(self.root, "upgrade", exc) from exc
+        moved, parents = 0, set()
+        for leaf in self.old_leaves():
+            parent, name = os.path.split(leaf)
+            parents.add(parent)
+            moved += _move_leaf(leaf, f"{self.root}/{parent[-2:]}{name}")
+        for parent in parents:
+            try:
+                os.rmdir(parent)
+            except OSError:
+                pass  # NOTE: not empty (not a leaf of ours, or raced): left as it is
         return moved
 
     def walk(self, max_page_bytes: int, remove_temps: bool

@@ -5,8 +5,11 @@ read-only open changes nothing."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
+
+import pytest
 
 from radixlink.stores.directory import DirectoryStore
 
@@ -25,15 +28,19 @@ def _as_two_level(root: Path) -> list[Path]:
     return old
 
 
-def test_pages_of_the_two_level_layout_stay_readable(tmp_path: Path) -> None:
+def test_pages_of_the_two_level_layout_stay_readable(tmp_path: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
     root = tmp_path / "store"
     store = DirectoryStore(root)
     store.put({key(i): payload(i, 300) for i in range(40)})
-    assert _as_two_level(root)
-    assert DirectoryStore(root, read_only=True).stats()["pages"] == 0  # nothing moved yet
-    assert not any(p.is_dir() and len(p.name) == 3 for p in root.iterdir())
+    old = _as_two_level(root)
+    with caplog.at_level(logging.WARNING, logger="radixlink.stores.directory"):
+        ro = DirectoryStore(root, read_only=True)
+    assert ro.stats()["pages"] == 0 and ro.stats()["old_layout_leaves"] == len(old)
+    assert "radixlink store gc" in caplog.text  # the operator is told what to run
+    assert not any(p.is_dir() and len(p.name) == 3 for p in root.iterdir())  # nothing moved
     fresh = DirectoryStore(root)
-    assert fresh.stats()["pages"] == 40
+    assert fresh.stats()["pages"] == 40 and fresh.stats()["old_layout_leaves"] == 0
     assert fresh.get([key(i) for i in range(40)]) == [payload(i, 300) for i in range(40)]
     assert sorted(len(p.name) for p in root.iterdir() if p.is_dir()) == [3] * len(
         [p for p in root.iterdir() if p.is_dir()])  # no two-level directory left
@@ -84,3 +91,4 @@ def test_links_in_the_old_layout_are_neither_followed_nor_moved(tmp_path: Path) 
     assert (root / linked_parent).is_symlink() and (old_leaf.parent / "x").is_symlink()
     assert not (root / (linked_parent + "0")).exists()
     assert (old_leaf / Path(store.path_of(a)).name).read_bytes() == b"page"
+    assert fresh.stats()["old_layout_leaves"] == 1  # kept, and said so
