@@ -139,8 +139,13 @@ class FullComponent(TreeComponent):
         self._adopt(ctx, node, node.seq_len - (len(node.key) >> 2), node.seq_len)
 
     def _adopt(self, ctx: InsertContext, node: TreeNode, start: int, end: int) -> None:
-        # NOTE: a clone, because callers often pass views of a reusable request table.
-        slots = ctx.value[start:end].clone()
+        # NOTE: a copy, because callers often pass views of a reusable request table; on the
+        # host through numpy (about 1 us against 5 for a torch slice and clone here)
+        value = ctx.value
+        if value.device.type == "cpu":
+            slots = torch.from_numpy(value.numpy()[start:end].copy())
+        else:
+            slots = value[start:end].clone()
         node.values[0] = slots
         self.cached_tokens += end - start
         ctx.adopt(0, _FULL, start, end, slots)
@@ -244,7 +249,9 @@ class FullComponent(TreeComponent):
     def check_held(self, slots: torch.Tensor) -> None:
         """Raise ValueError if any of ``slots`` lies outside the pool or in a tree-owned page."""
         if slots.numel():
-            lo, hi = int(slots.min()), int(slots.max())
+            # NOTE: host slots through numpy: two torch reductions cost ~4 us per free
+            arr = slots.numpy() if slots.device.type == "cpu" else slots
+            lo, hi = int(arr.min()), int(arr.max())
             end = (self.allocator.num_pages + 1) * self.page_size  # page 0 is the padding
             if lo < 0 or hi >= end:
                 raise ValueError(f"slots {lo}..{hi} are outside the pool (valid 0..{end - 1}); "
