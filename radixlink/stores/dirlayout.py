@@ -235,7 +235,8 @@ def _is_hex(name: str) -> bool:
 def _move_leaf(old: str, new: str) -> int:
     """Rename leaf directory ``old`` to ``new`` (1), or, when ``new`` exists as a real
     directory, move its files into it one by one, keeping ``new``'s copy of a name both hold
-    (0). Nothing is done when ``new`` is a link or a file."""
+    (0). Nothing is done when ``new`` is a link or a file; ``old`` stays while it holds
+    anything that was not moved."""
     try:
         os.rename(old, new)  # NOTE: also replaces an empty directory at ``new``
         return 1
@@ -248,14 +249,15 @@ def _move_leaf(old: str, new: str) -> int:
         for entry in entries:
             if not entry.is_file(follow_symlinks=False):
                 continue
-            target = f"{new}/{entry.name}"
-            if os.path.lexists(target):
-                pagefiles.remove_quietly(entry.path)
-            else:
-                try:
-                    os.rename(entry.path, target)
-                except OSError:
-                    pass  # NOTE: raced with a writer or evicted: it stays or is gone
+            # NOTE: link, then unlink: a link never replaces a page a writer put at the new
+            # name meanwhile (a rename would, with the older copy)
+            try:
+                os.link(entry.path, f"{new}/{entry.name}", follow_symlinks=False)
+            except FileExistsError:
+                pass  # the new leaf's copy is newer: the old one goes
+            except OSError:
+                continue  # NOTE: evicted meanwhile, or no hard links here: left as it is
+            pagefiles.remove_quietly(entry.path)
     try:
         os.rmdir(old)
     except OSError:
