@@ -254,7 +254,7 @@ def _bench_page_size(
     # on both sides alike. With the hardened raw get right after its put and every other get
     # one case later, the hardened raw read of 256 KiB pages beat the plain raw read, which
     # makes fewer syscalls, by 10-20%: its pages were still in the CPU cache. Paired in
-    # forward rounds only, it ran 7-12% faster in backward rounds (after a codec case, not
+    # forward rounds only, it ran 4-11% faster in backward rounds (after a codec case, not
     # a put) than in forward ones, and best-of picked those.
     alt = {f"raw alt {op}": raw.alt[op][0] for op in ("put", "get") if op in raw.alt}
     pages = [frames.views[i][HEADER_BYTES : HEADER_BYTES + page_bytes] for i in range(num_pages)]
