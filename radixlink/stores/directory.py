@@ -119,14 +119,15 @@ class DirectoryStore(Store):
         self._layout = ShardLayout(self.root)
         self._tag = f"{os.getpid()}.{secrets.token_hex(4)}"
         self._seq = itertools.count()
-        if not read_only:
-            self._layout.upgrade()
-        self._old_leaves = len(self._layout.old_leaves())
-        if self._old_leaves and read_only:
-            logger.warning("the directory store %r holds %d leaf directories of the two-level "
-                        "layout of earlier versions; their pages read as misses until it is "
-                        "opened writable once (radixlink store gc URL)",
-                        self.root, self._old_leaves)
+        if read_only:
+            self._old_leaves = len(self._layout.old_leaves())
+            if self._old_leaves:
+                logger.warning(
+                    "the directory store %r holds %d leaf directories of the two-level layout "
+                    "of earlier versions; their pages read as misses until it is opened "
+                    "writable once (radixlink store gc URL)", self.root, self._old_leaves)
+        else:
+            self._old_leaves = self._layout.upgrade()
         self.gc()
 
     @classmethod

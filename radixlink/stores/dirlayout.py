@@ -175,22 +175,22 @@ class ShardLayout:
         names (``<root>/<aab>/``), the same shard: one rename per leaf, pages untouched. Where
         the new leaf already holds pages (another process of this version wrote there), each
         old page is moved unless the new leaf has its key (the newer copy stays). Links are
-        never followed or moved. Returns the leaves moved.
+        never followed or moved. Returns how many old leaves are left (``old_leaves`` after
+        the move, without scanning the root again).
 
         Raises:
             StoreError: the root could not be read.
         """
-        moved, parents = 0, set()
-        for leaf in self.old_leaves():
+        leaves = self.old_leaves()
+        for leaf in leaves:
             parent, name = os.path.split(leaf)
-            parents.add(parent)
-            moved += _move_leaf(leaf, f"{self.root}/{parent[-2:]}{name}")
-        for parent in parents:
+            _move_leaf(leaf, f"{self.root}/{parent[-2:]}{name}")
+        for parent in {os.path.dirname(leaf) for leaf in leaves}:
             try:
                 os.rmdir(parent)
             except OSError:
                 pass  # NOTE: not empty (not a leaf of ours, or raced): left as it is
-        return moved
+        return sum(map(pagefiles.is_real_dir, leaves))
 
     def walk(self, max_page_bytes: int, remove_temps: bool
              ) -> Iterator[tuple[str, str, int, float]]:
@@ -232,19 +232,19 @@ def _is_hex(name: str) -> bool:
     return all(c in "0123456789abcdef" for c in name)
 
 
-def _move_leaf(old: str, new: str) -> int:
-    """Rename leaf directory ``old`` to ``new`` (1), or, when ``new`` exists as a real
-    directory, move its files into it one by one, keeping ``new``'s copy of a name both hold
-    (0). Nothing is done when ``new`` is a link or a file; ``old`` stays while it holds
-    anything that was not moved."""
+def _move_leaf(old: str, new: str) -> None:
+    """Rename leaf directory ``old`` to ``new``, or, when ``new`` exists as a real directory,
+    move its files into it one by one, keeping ``new``'s copy of a name both hold. Nothing is
+    done when ``new`` is a link or a file; ``old`` stays while it holds anything that was not
+    moved."""
     try:
         os.rename(old, new)  # NOTE: also replaces an empty directory at ``new``
-        return 1
+        return
     except FileNotFoundError:
-        return 0  # another process moved it meanwhile
+        return  # another process moved it meanwhile
     except OSError:
         if not pagefiles.is_real_dir(new):
-            return 0
+            return
     with os.scandir(old) as entries:
         for entry in entries:
             if not entry.is_file(follow_symlinks=False):
@@ -262,4 +262,3 @@ def _move_leaf(old: str, new: str) -> int:
         os.rmdir(old)
     except OSError:
         pass
-    return 0
