@@ -184,7 +184,10 @@ class ShardLayout:
         leaves = self.old_leaves()
         for leaf in leaves:
             parent, name = os.path.split(leaf)
-            _move_leaf(leaf, f"{self.root}/{parent[-2:]}{name}")
+            try:
+                _move_leaf(leaf, f"{self.root}/{parent[-2:]}{name}")
+            except OSError:
+                pass  # NOTE: unreadable (EACCES, EIO): it stays, counted as left, not fatal
         for parent in {os.path.dirname(leaf) for leaf in leaves}:
             try:
                 os.rmdir(parent)
