@@ -71,7 +71,8 @@ def check_insert_slots(params: InsertParams, aligned_len: int, full: Any, mamba:
     # NOTE: one host view of the slots for every check below: numpy ops cost ~1 us each here,
     # torch slicing and dispatch several (this runs on every insert)
     arr = value.numpy() if value.device.type == "cpu" else value.cpu().numpy()
-    if prev and not full.ownership.pages_owned(arr[:prev:ps] // ps).all():
+    # NOTE: count_nonzero, not .all() / .any(): ~1 us where a ufunc reduction costs ~3 us
+    if prev and np.count_nonzero(full.ownership.pages_owned(arr[:prev:ps] // ps)) < prev // ps:
         raise ValueError(
             f"insert value[:{prev}] (prev_prefix_len) holds slots the tree does not own; pass "
             "the device_indices of a match whose last_node you locked"
@@ -131,7 +132,7 @@ def check_fresh_slots(allocator: Any, ownership: Any, slots: np.ndarray, start: 
     if problem is None:
         ps = allocator.page_size
         owned = ownership.pages_owned(part[::ps] // ps)
-        if owned.any():
+        if np.count_nonzero(owned):
             i = int(np.argmax(owned)) * ps
             problem = (f"slot {int(part[i])} at index {i} belongs to the tree (a matched or "
                        "inserted page); pass the match's prefix_len as prev_prefix_len")
