@@ -236,7 +236,7 @@ class NoCacheHybrid:
         """SWA tokens mapped to the whole full pages ``full_slots``."""
         assert self._hybrid is not None
         ps = self.page_size
-        return int((self._hybrid.translate_full_to_swa(full_slots[::ps]) != 0).sum()) * ps
+        return self._hybrid.count_mapped(full_slots[::ps]) * ps
 
     def _swa(self, what: str) -> Any:
         if self._hybrid is None:

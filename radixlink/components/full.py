@@ -18,7 +18,7 @@ from radixlink.components.base import (
     TreeComponent,
     alloc_or_evict,
 )
-from radixlink.components.ownership import PageOwnership, outside
+from radixlink.components.ownership import PageOwnership
 from radixlink.config import EvictionPolicy
 from radixlink.contract import (
     ComponentType,
@@ -27,6 +27,7 @@ from radixlink.contract import (
     PoolName,
     PoolTransfer,
 )
+from radixlink.memory.allocator import outside
 from radixlink.tree.lru import EvictableSet
 from radixlink.tree.node import Effects, InsertContext, MatchPath, TreeNode
 

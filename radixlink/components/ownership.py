@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from radixlink.memory.allocator import outside
+
 
 class PageOwnership:
     """A bit per page: set while the tree owns the page.
@@ -104,11 +106,3 @@ class PageOwnership:
     def _pages(self, slots: torch.Tensor) -> torch.Tensor:
         return slots[:: self.page_size] // self.page_size if self.page_size > 1 else slots
 
-
-def outside(values: np.ndarray, bound: np.ndarray) -> bool:
-    """Whether any of the host integers ``values`` is negative or at least ``bound`` (a 0-d
-    uint64 array). For int64 one compare of the uint64 view (negatives wrap above any bound)
-    and a count: ~2 us where ``min()`` and ``max()`` cost ~3 us each."""
-    if values.dtype == np.int64:
-        return np.count_nonzero(values.view(np.uint64) >= bound) > 0
-    return bool(values.size) and (int(values.min()) < 0 or int(values.max()) >= int(bound))

@@ -278,8 +278,7 @@ class SWAComponent(SideComponent):
 
     def _count_mapped(self, full_slots: torch.Tensor) -> int:
         """SWA slots mapped to the whole full pages ``full_slots``."""
-        heads = self.allocator.translate_full_to_swa(full_slots[:: self.page_size])
-        return int((heads != 0).sum()) * self.page_size
+        return self.allocator.count_mapped(full_slots[:: self.page_size]) * self.page_size
 
     def free_with_full(
         self, full_slots: torch.Tensor, free: Callable[[torch.Tensor], None]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from radixlink.memory.allocator import PagedAllocator
+from radixlink.memory.allocator import PagedAllocator, outside
 
 
 class SWAAllocator:
@@ -43,9 +43,16 @@ class SWAAllocator:
         self.swa = swa
         self.page_size = full.page_size
         self.device = full.device
-        self._full_to_swa = torch.zeros(full.num_slots, dtype=torch.int64, device=self.device)
+        self._on_cpu = self.device.type == "cpu"
+        # NOTE: host numpy bookkeeping whatever the device, as in PagedAllocator: a numpy op
+        # costs ~1 us where a torch index, mask or reduction costs 5-10 us of dispatch (an SWA
+        # free went from ~12 torch ops to a few numpy ones). On CUDA the slots cross once each
+        # way instead of a device sync per check.
+        self._full_to_swa = np.zeros(full.num_slots, dtype=np.int64)
         # Per SWA page: is it the target of some full page (guards double mapping).
-        self._swa_mapped = torch.zeros(swa.num_pages + 1, dtype=torch.bool, device=self.device)
+        self._swa_mapped = np.zeros(swa.num_pages + 1, dtype=np.bool_)
+        self._num_full_slots = np.array(full.num_slots, dtype=np.uint64)
+        self._num_full_pages = np.array(full.num_pages, dtype=np.uint64)
 
     def full_available_size(self) -> int:
         return self.full.available_size()
@@ -69,8 +76,9 @@ class SWAAllocator:
         full_slots = self.full.alloc(num_tokens)
         swa_slots = self.swa.alloc(num_tokens)
         assert full_slots is not None and swa_slots is not None, "can_alloc lied"
-        self._full_to_swa[full_slots] = swa_slots
-        self._swa_mapped[self.swa.slots_to_pages(swa_slots)] = True
+        swa = self._host(swa_slots)
+        self._full_to_swa[self._host(full_slots)] = swa
+        self._swa_mapped[swa[:: self.page_size] // self.page_size] = True
         return full_slots
 
     def alloc_swa(self, num_tokens: int) -> torch.Tensor | None:
@@ -86,32 +94,32 @@ class SWAAllocator:
                 full page is already mapped (``free_swa`` it first) or an SWA page is already
                 the target of another full page. Nothing changes then.
         """
-        full_pages = self.full.slots_to_pages(full_slots)
-        swa_pages = self.swa.slots_to_pages(swa_slots)
+        full_pages = self.full.host_pages(full_slots)
+        swa_pages = self.swa.host_pages(swa_slots)
         if full_slots.numel() != swa_slots.numel():
             raise ValueError(f"{full_slots.numel()} full slots but {swa_slots.numel()} swa slots")
         if not self.full.is_allocated(full_slots):
             raise ValueError("set_full_to_swa_mapping: some full pages are not allocated")
         if not self.swa.is_allocated(swa_slots):
             raise ValueError("set_full_to_swa_mapping: some swa pages are not allocated")
-        if bool((self._full_to_swa[full_slots] != 0).any()):
+        full = self._host(full_slots)
+        if np.count_nonzero(self._full_to_swa[full]):
             raise ValueError("set_full_to_swa_mapping: full pages already mapped; free_swa first")
-        if torch.unique(full_pages).numel() != full_pages.numel():
+        if np.unique(full_pages).shape[0] != full_pages.shape[0]:
             raise ValueError("set_full_to_swa_mapping: full pages repeated")
-        reused = torch.unique(swa_pages).numel() != swa_pages.numel()
-        if reused or bool(self._swa_mapped[swa_pages].any()):
+        reused = np.unique(swa_pages).shape[0] != swa_pages.shape[0]
+        if reused or np.count_nonzero(self._swa_mapped[swa_pages]):
             raise ValueError("set_full_to_swa_mapping: swa pages already mapped or repeated")
-        self._full_to_swa[full_slots] = swa_slots
+        self._full_to_swa[full] = self._host(swa_slots)
         self._swa_mapped[swa_pages] = True
 
     def translate_full_to_swa(self, full_slots: torch.Tensor) -> torch.Tensor:
         """SWA slot of each full slot (any slots, not only whole pages); 0 where unmapped."""
-        _check_slot_tensor(full_slots, self.device)
-        if full_slots.numel():
-            lo, hi = (int(x) for x in torch.aminmax(full_slots))
-            if lo < 0 or hi >= self.full.num_slots:
-                raise ValueError(f"full slots {lo}..{hi} out of range 0..{self.full.num_slots - 1}")
-        return self._full_to_swa[full_slots]
+        return self._to_device(self._translate(full_slots))
+
+    def count_mapped(self, full_slots: torch.Tensor) -> int:
+        """How many of ``full_slots`` (any slots) have an SWA slot mapped."""
+        return int(np.count_nonzero(self._translate(full_slots)))
 
     def free(self, full_slots: torch.Tensor) -> None:
         """Free full pages and the SWA pages mapped to them.
@@ -120,55 +128,72 @@ class SWAAllocator:
             ValueError: as ``PagedAllocator.free`` (double free, foreign or unaligned slots);
                 nothing changes then.
         """
-        swa_slots = self._mapped_swa(full_slots)
-        self.full.free(full_slots)  # validates; raises before anything changed
-        self._release(full_slots, swa_slots)
+        full, swa = self._mapped_swa(full_slots)
+        self.full.free_host(full)  # validates; raises before anything changed
+        self._release(full, swa)
 
     def free_swa(self, full_slots: torch.Tensor) -> None:
         """Free only the SWA pages mapped to ``full_slots`` (whole full pages) and unmap them.
 
         Unmapped pages are skipped, so a second call on the same slots is a no-op.
         """
-        swa_slots = self._mapped_swa(full_slots)
-        self._release(full_slots, swa_slots)
+        self._release(*self._mapped_swa(full_slots))
 
     def check_invariants(self) -> None:
         """Assert the mapping agrees with both allocators (for tests)."""
         ps = self.page_size
-        grid = self._full_to_swa.view(-1, ps)
+        grid = self._full_to_swa.reshape(-1, ps)
         heads = grid[:, :1]
-        offsets = torch.arange(ps, dtype=torch.int64, device=self.device)
-        expected = torch.where(heads != 0, heads + offsets, torch.zeros_like(grid))
-        assert torch.equal(grid, expected), "full->swa mapping is not page aligned"
+        expected = np.where(heads != 0, heads + np.arange(ps, dtype=np.int64), 0)
+        assert np.array_equal(grid, expected), "full->swa mapping is not page aligned"
         is_mapped = heads[:, 0] != 0
-        full_pages = torch.nonzero(is_mapped).reshape(-1)
+        full_pages = torch.from_numpy(np.flatnonzero(is_mapped)).to(self.device)
         swa_pages = heads[is_mapped, 0] // ps
         assert self.full.is_allocated(self.full.pages_to_slots(full_pages)), "mapped full page free"
-        assert self.swa.is_allocated(self.swa.pages_to_slots(swa_pages)), "mapped swa page free"
-        num_flags = int(self._swa_mapped.sum())
-        num_unique = torch.unique(swa_pages).numel()
-        assert num_flags == swa_pages.numel() == num_unique, (
-            f"swa ownership out of sync: {num_flags} flags, {swa_pages.numel()} mapped pages, "
+        assert self.swa.is_allocated(self.swa.pages_to_slots(
+            torch.from_numpy(swa_pages).to(self.device))), "mapped swa page free"
+        num_flags = int(np.count_nonzero(self._swa_mapped))
+        num_unique = np.unique(swa_pages).shape[0]
+        assert num_flags == swa_pages.shape[0] == num_unique, (
+            f"swa ownership out of sync: {num_flags} flags, {swa_pages.shape[0]} mapped pages, "
             f"{num_unique} distinct"
         )
 
-    def _mapped_swa(self, full_slots: torch.Tensor) -> torch.Tensor:
-        """Validated SWA slots mapped to the whole full pages ``full_slots`` (may be empty)."""
-        pages = self.full.slots_to_pages(full_slots)
-        if pages.numel() and not (0 < int(pages.min()) and int(pages.max()) <= self.full.num_pages):
+    def _translate(self, full_slots: torch.Tensor) -> np.ndarray:
+        """The host SWA slots of ``full_slots`` (a new array; 0 where unmapped)."""
+        _check_slot_tensor(full_slots, self.device)
+        full = self._host(full_slots)
+        if outside(full, self._num_full_slots):
+            lo, hi = int(full.min()), int(full.max())
+            raise ValueError(f"full slots {lo}..{hi} out of range 0..{self.full.num_slots - 1}")
+        return self._full_to_swa[full]
+
+    def _mapped_swa(self, full_slots: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """The host ids of ``full_slots`` (validated whole full pages) and the SWA slots mapped
+        to them (may be empty)."""
+        pages = self.full.host_pages(full_slots)
+        if outside(pages - 1, self._num_full_pages):  # NOTE: page 0 is the padding
             raise ValueError(
                 f"full slots outside the allocator (pages {int(pages.min())}.."
                 f"{int(pages.max())}, valid 1..{self.full.num_pages})"
             )
-        swa_slots = self._full_to_swa[full_slots]
-        return swa_slots[swa_slots != 0]
+        full = self._host(full_slots)
+        swa = self._full_to_swa[full]
+        return full, swa[np.flatnonzero(swa)]
 
-    def _release(self, full_slots: torch.Tensor, swa_slots: torch.Tensor) -> None:
-        if swa_slots.numel() == 0:
+    def _release(self, full: np.ndarray, swa: np.ndarray) -> None:
+        if not swa.shape[0]:
             return
-        self.swa.free(swa_slots)
-        self._swa_mapped[self.swa.slots_to_pages(swa_slots)] = False
-        self._full_to_swa[full_slots] = 0
+        self.swa.free_host(swa)
+        self._swa_mapped[swa[:: self.page_size] // self.page_size] = False
+        self._full_to_swa[full] = 0
+
+    def _host(self, slots: torch.Tensor) -> np.ndarray:
+        return slots.numpy() if self._on_cpu else slots.cpu().numpy()
+
+    def _to_device(self, arr: np.ndarray) -> torch.Tensor:
+        slots = torch.from_numpy(arr)
+        return slots if self._on_cpu else slots.to(self.device, non_blocking=True)
 
 
 def _check_slot_tensor(slots: object, device: torch.device) -> None:
