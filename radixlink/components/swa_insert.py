@@ -131,8 +131,7 @@ class SWAInsert:
         note = ctx.notes[self.index]
         if note is None:
             ps, prev, end = self.page_size, ctx.prev_prefix_len, ctx.aligned_len
-            heads = self.allocator.translate_full_to_swa(ctx.value[prev:end:ps])
-            mapped = (heads != 0).cpu().numpy()
+            mapped = self.allocator.mapped(ctx.value[prev:end:ps])
             live = max(prev, -(-ctx.params.swa_evicted_seqlen // ps) * ps)
             holes = np.flatnonzero(~mapped)
             if holes.size:
@@ -146,7 +145,7 @@ class SWAInsert:
             return
         _, mapped = self.caller_live(ctx)
         ps, prev = self.page_size, ctx.prev_prefix_len
-        num = int(mapped[(a - prev) // ps : (b - prev) // ps].sum()) * ps
+        num = int(np.count_nonzero(mapped[(a - prev) // ps : (b - prev) // ps])) * ps
         if num:
             ctx.effects.dropped[self.index].append((ctx.value[a:b], num))
 

@@ -121,6 +121,11 @@ class SWAAllocator:
         """How many of ``full_slots`` (any slots) have an SWA slot mapped."""
         return int(np.count_nonzero(self._translate(full_slots)))
 
+    def mapped(self, full_slots: torch.Tensor) -> np.ndarray:
+        """Whether each of ``full_slots`` (any slots) has an SWA slot mapped, as a host bool
+        array."""
+        return self._translate(full_slots) != 0
+
     def free(self, full_slots: torch.Tensor) -> None:
         """Free full pages and the SWA pages mapped to them.
 
