@@ -261,11 +261,13 @@ class SWAComponent(SideComponent):
                 self.counts.num_held -= record
         dropped = effects.dropped[i]
         if dropped:
-            alloc.free_swa(torch.cat([slots for slots, _ in dropped]))
+            # NOTE: whole pages known good (the tree's, or the caller's checked by insert):
+            # the trusted frees skip the validation, as FullComponent.apply's do
+            alloc.free_swa_trusted(torch.cat([slots for slots, _ in dropped]))
             self.counts.num_held -= sum(num for _, num in dropped)
         freed = effects.freed[i]
         if freed:
-            alloc.free_swa(freed[0] if len(freed) == 1 else torch.cat(freed))
+            alloc.free_swa_trusted(freed[0] if len(freed) == 1 else torch.cat(freed))
 
     def alloc_mapped(self, num_tokens: int) -> torch.Tensor | None:
         """Facade (``alloc``): full slots (whole pages) each mapped to a fresh SWA page, or None

@@ -144,6 +144,18 @@ class SWAAllocator:
         """
         self._release(*self._mapped_swa(full_slots))
 
+    def free_trusted(self, full_slots: torch.Tensor) -> None:
+        """``free`` of whole full pages the caller knows are handed out and distinct (the tree
+        releasing its own pages, or a caller's checked by insert), skipping the validation;
+        see ``PagedAllocator.free_trusted``."""
+        full, swa = self._mapped_trusted(full_slots)
+        self.full.free_trusted(full)
+        self._release(full, swa, trusted=True)
+
+    def free_swa_trusted(self, full_slots: torch.Tensor) -> None:
+        """``free_swa`` of whole full pages known good, as ``free_trusted``."""
+        self._release(*self._mapped_trusted(full_slots), trusted=True)
+
     def check_invariants(self) -> None:
         """Assert the mapping agrees with both allocators (for tests)."""
         ps = self.page_size
@@ -186,10 +198,19 @@ class SWAAllocator:
         swa = self._full_to_swa[full]
         return full, swa[np.flatnonzero(swa)]
 
-    def _release(self, full: np.ndarray, swa: np.ndarray) -> None:
+    def _mapped_trusted(self, full_slots: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """``_mapped_swa`` without the checks (whole full pages known good)."""
+        full = self._host(full_slots)
+        swa = self._full_to_swa[full]
+        return full, swa[np.flatnonzero(swa)]
+
+    def _release(self, full: np.ndarray, swa: np.ndarray, *, trusted: bool = False) -> None:
         if not swa.shape[0]:
             return
-        self.swa.free_host(swa)
+        if trusted:
+            self.swa.free_trusted(swa)
+        else:
+            self.swa.free_host(swa)
         self._swa_mapped[swa[:: self.page_size] // self.page_size] = False
         self._full_to_swa[full] = 0
 
@@ -227,6 +248,9 @@ class SWAFullSide:
 
     def free(self, slots: torch.Tensor) -> None:
         self._hybrid.free(slots)
+
+    def free_trusted(self, slots: torch.Tensor) -> None:
+        self._hybrid.free_trusted(slots)
 
     def available_size(self) -> int:
         return self._hybrid.full_available_size()
