@@ -150,3 +150,15 @@ def test_key_packer_reuses_the_matched_prefix_only_when_it_is_one() -> None:
     assert packer.pack_extension(prompt + [1]) == token_bytes(prompt + [1])
     prompt.append(3)  # grown in place: the head no longer has the matched length
     assert packer.pack_extension(prompt) == token_bytes(prompt)
+
+
+def test_key_packer_sees_an_edit_in_the_middle_of_the_matched_list() -> None:
+    """A token replaced inside the matched list (its length and end elements unchanged) must
+    not reuse the bytes packed before the edit: the key would name tokens the caller's KV was
+    not computed for."""
+    packer = KeyPacker()
+    prompt = [1000 + i for i in range(40)]
+    packer.pack(prompt)
+    prompt[20] = 7  # edited in place between match and insert
+    extended = prompt + [5, 6]
+    assert packer.pack_extension(extended) == token_bytes(extended)
