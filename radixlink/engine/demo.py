@@ -161,15 +161,25 @@ def _router(args: argparse.Namespace) -> AbstractContextManager[Any]:
 
 
 def _check_store(url: str) -> None:
-    """Open the store once in the coordinator, so that a bad URL or an unreachable server is
-    one clear error here rather than a failure inside every node process.
+    """Open the store once in the coordinator, so that a bad URL, an unreachable server or a
+    store the node processes cannot share is one clear error here rather than a failure inside
+    every node process (or a run in which no node ever reads another's pages).
 
     Raises:
-        ValueError: a bad URL. StoreError: the store is unreachable.
+        ValueError: a bad URL, or a store private to one process (``memory://``): each node
+            is a process of its own. StoreError: the store is unreachable.
     """
     from radixlink.stores.registry import open_reachable_store
 
-    open_reachable_store(url).close()
+    store = open_reachable_store(url)
+    shared = store.shared
+    store.close()
+    if not shared:
+        raise ValueError(
+            f"--store {url} keeps pages in one process's memory, and each demo node is a "
+            "process of its own, so no node would read another's pages; use a store they "
+            "can share: file:///path/to/dir or redis://host:port/0"
+        )
 
 
 def _report(args: argparse.Namespace, on: Records, off: Records,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
 from radixlink.bench import e2e
-from radixlink.engine.demo import faults_url, main, percentile
+from radixlink.engine.demo import _check_store, faults_url, main, percentile
 
 
 def test_demo_main_prints_identical_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -20,6 +21,22 @@ def test_demo_main_prints_identical_line(capsys: pytest.CaptureFixture[str]) -> 
     assert code == 0, out
     assert "node 0" in out and "node 1" in out and "TTFT p50 s" in out
     assert out.rstrip().splitlines()[-1] == "outputs identical to cache-off run: 4/4 requests"
+
+
+@pytest.mark.parametrize("args", [["--store", "memory://"],
+                                  ["--store", "memory://?capacity=64MiB", "--faults", "fail=0.1"],
+                                  ["--engine", "vllm", "--store", "memory://"]])
+def test_demo_refuses_a_store_its_node_processes_cannot_share(args: list[str]) -> None:
+    """memory:// lives in one process and each node is a process: the demo says so before it
+    starts a node, instead of running with no node ever reading another's pages."""
+    with pytest.raises(ValueError, match=r"one process's memory.*file:///path/to/dir"):
+        main(["--model", "tiny-hybrid", *args] if "--engine" not in args else args)
+
+
+def test_demo_store_check_accepts_a_tiered_store_with_a_shared_back(tmp_path: Path) -> None:
+    """A private memory:// front is fine when the back is a store the processes share."""
+    front, back = quote("memory://", safe=""), quote(f"file://{tmp_path}", safe="")
+    _check_store(f"tiered://?front={front}&back={back}")
 
 
 def test_faults_url_and_percentile() -> None:
