@@ -91,6 +91,12 @@ class RadixlinkConnector(KVConnectorBase_V1, SupportsHMA):
             hash_block_size=kv_cache_config.hash_block_size or cache_config.block_size,
         )  # fmt: skip
         store = open_store(settings.store_url)
+        if not store.shared:
+            # NOTE: a warning, not an error: the scheduler-side bench times lookups on one
+            logger.warning(
+                "RadixlinkConnector: store %s lives in one connector's memory; vLLM's scheduler "
+                "and each worker open their own, so no saved page is ever found. Use a store "
+                "they share: file:///path/to/dir or redis://host:port/0", settings.store_url)
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:

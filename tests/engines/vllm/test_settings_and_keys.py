@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from .conftest import VLLM_MISSING  # noqa: E402, I001
@@ -58,3 +60,18 @@ def test_token_chain_keys_are_radixlink_page_hashes(nodes, model_dir, file_url):
     assert _first_run(node2, "b") == (96, 4)
     node2.run()
     node2.assert_no_leak()
+
+
+def test_a_store_private_to_one_connector_is_warned_about(nodes, model_dir, file_url, caplog):
+    """memory:// lives in one connector instance, and vLLM's scheduler and each worker open
+    their own: the connector warns at startup and names the stores to use; a file store gets
+    no such warning."""
+    logger = "radixlink.integrations.vllm.connector"
+    with caplog.at_level(logging.WARNING, logger=logger):
+        nodes(model_dir, "memory://")
+    private = [r for r in caplog.records if "lives in one connector's memory" in r.getMessage()]
+    assert private and "file:///path/to/dir" in private[0].getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=logger):
+        nodes(model_dir, file_url)
+    assert not [r for r in caplog.records if "lives in one connector" in r.getMessage()]
