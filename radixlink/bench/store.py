@@ -162,7 +162,11 @@ def _store_ops(store: Store, frames: Frames, rounds: Rounds, batch: int) -> dict
             keys = rounds.last_put()
             for b in _batches(range(len(keys)), batch):
                 sizes = store.get_into([keys[i] for i in b], [frames.buffers[i] for i in b])
-                assert None not in sizes, "page missing: raise the capacity"
+                if None in sizes:
+                    raise ValueError(
+                        f"the store no longer holds pages it was just given ({len(keys)} pages "
+                        f"of {frames.stride} bytes): give it a capacity of at least twice "
+                        "--total, e.g. memory://?capacity=1GiB")
                 if decode:
                     ok = [frames.codec.decode(frames.buffers[i][:n], keys[i])
                           for i, n in zip(b, sizes)]

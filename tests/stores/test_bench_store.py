@@ -5,7 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from radixlink.bench.store import main
+
+
+def test_bench_store_on_a_store_too_small_names_the_capacity_to_give() -> None:
+    """A store that drops the pages of a round it was just given is a ValueError saying what
+    capacity to give it (the CLI prints it as one line), not an AssertionError traceback."""
+    argv = ["--store", "memory://?capacity=1KiB", "--total", "1MiB", "--repeat", "1"]
+    with pytest.raises(ValueError, match="capacity of at least twice --total"):
+        main([*argv, "--page-sizes", "64KiB"])
 
 
 def test_bench_store_smoke(tmp_path: Path, capsys: object) -> None:
