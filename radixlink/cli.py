@@ -8,11 +8,10 @@ the traceback instead.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
-from collections.abc import Callable
 
+from radixlink.cmdargs import UsageError
 from radixlink.errors import StoreError
 
 COMMANDS: dict[str, str] = {
@@ -50,52 +49,6 @@ _FIXES: tuple[tuple[type[BaseException], str], ...] = (
     (ImportError, "install the missing package"),
     (OSError, "check the path and its permissions"),
 )
-
-
-class UsageError(ValueError):
-    """A command-line mistake; printed as one line, exit status 2."""
-
-
-class CommandParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors raise ``UsageError`` (one line) instead of printing
-    the usage block and exiting."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{message} (see {self.prog} --help)")
-
-
-def int_at_least(low: int) -> Callable[[str], int]:
-    """An argparse ``type`` accepting ints >= ``low``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an int >= {low}, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected an int >= {low}, got {value}")
-        return value
-
-    return parse
-
-
-def number_in(
-    low: float, high: float | None = None, *, low_open: bool = False
-) -> Callable[[str], float]:
-    """An argparse ``type`` accepting finite floats in ``[low, high]`` (``(low, high]`` with
-    ``low_open``); the ranges are ``stores.params.number``'s."""
-    from radixlink.stores.params import number  # NOTE: one range check for URLs and flags
-
-    check = number(low, high, low_open=low_open)
-    allowed = f"{'>' if low_open else '>='} {low:g}" + ("" if high is None else f" and <= {high:g}")
-
-    def parse(text: str) -> float:
-        try:
-            return check(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number {allowed}, got {text!r}") from None
-
-    return parse
 
 
 def one_line(exc: BaseException) -> str:

@@ -22,6 +22,7 @@ from radixlink.bench.cluster_report import aggregate, plot, summarize, table_row
 from radixlink.bench.cluster_sim import ClusterConfig, Timing, simulate
 from radixlink.bench.cluster_trace import load_timed_trace, request_hashes
 from radixlink.bench.common import machine_info, parse_tokens, print_table, write_json
+from radixlink.cmdargs import CommandParser, int_at_least, number_in
 from radixlink.cost import HIDE, GpuSpec, ModelShape, TransferEstimate, prefill_estimate
 from radixlink.cost.reference import H100_SXM, LLAMA3_8B
 from radixlink.routing import policy_names
@@ -38,7 +39,6 @@ def _floats(text: str) -> list[float]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from radixlink.cli import CommandParser, int_at_least, number_in  # NOTE: argparse helpers
     positive, above_zero = int_at_least(1), number_in(0, low_open=True)
     p = CommandParser(prog="radixlink bench cluster", description=__doc__)
     a = p.add_argument

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from radixlink.bench.common import add_common_args, machine_info, print_table, write_json
+from radixlink.cmdargs import CommandParser, int_at_least
 from radixlink.engine.demo import percentile, progress
 from radixlink.engine.nodes import NodePool, NodeSettings, TurnRecord
 from radixlink.engine.weights import MODEL_NAMES
@@ -70,7 +71,6 @@ def plot_cdf(results: Sequence[dict[str, Any]], path: str, title: str) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from radixlink.cli import CommandParser, int_at_least  # NOTE: argparse helpers only
     positive = int_at_least(1)
     p = CommandParser(prog="radixlink bench e2e", description=__doc__)
     p.add_argument("--nodes", type=positive, default=2)

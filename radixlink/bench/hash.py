@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from radixlink.cmdargs import CommandParser, int_at_least
 from radixlink.hashing import page_hashes
 
 TARGET_RATIO = 0.8
@@ -112,7 +113,6 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from radixlink.cli import CommandParser, int_at_least  # NOTE: argparse helpers only
     positive = int_at_least(1)
     parser = CommandParser(prog="radixlink bench hash", description=__doc__)
     parser.add_argument("--num-tokens", type=positive, default=65536, help="tokens hashed per call")

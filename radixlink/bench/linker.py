@@ -22,6 +22,7 @@ import torch
 from radixlink.bench.common import add_common_args, machine_info, print_table, write_json
 from radixlink.bench.linker_tree import Mode, compare
 from radixlink.bench.workload import WorkloadSpec, make_workload
+from radixlink.cmdargs import CommandParser, int_at_least
 
 PARTS = ("tree", "load", "ttft")
 BREAKDOWN = ("tree + KV pools", "tree + KV pools + page hashes")
@@ -114,7 +115,6 @@ def _parts(text: str) -> list[str]:
 
 def main(argv: list[str]) -> int:
     from radixlink.bench.tree import _positive_ints
-    from radixlink.cli import CommandParser, int_at_least
 
     positive = int_at_least(1)
     parser = CommandParser(prog="radixlink bench linker", description=__doc__)

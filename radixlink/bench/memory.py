@@ -18,6 +18,7 @@ from radixlink.bench.common import (
     print_table,
     write_json,
 )
+from radixlink.cmdargs import CommandParser, int_at_least
 from radixlink.memory import KVLayout, KVPool
 
 TARGET_RATIO = 0.8
@@ -101,7 +102,6 @@ def _measure(
 
 
 def main(argv: list[str]) -> int:
-    from radixlink.cli import CommandParser, int_at_least  # NOTE: argparse helpers only
     positive = int_at_least(1)
     parser = CommandParser(prog="radixlink bench memory", description=__doc__)
     parser.add_argument("--mib", type=positive, default=128, help="MiB moved per measurement")

@@ -19,6 +19,7 @@ import torch
 from radixlink.bench.common import add_common_args, machine_info, print_table, write_json
 from radixlink.bench.tree import run_once
 from radixlink.bench.workload import WorkloadSpec, make_workload
+from radixlink.cmdargs import CommandParser, int_at_least
 
 _LINE = re.compile(
     r"^\s*(?P<impl>[\w-]+)\s+(?P<backend>\S*)\s*page\s+(?P<page>\d+)\s+cap\s+(?P<cap>\d+):"
@@ -56,7 +57,6 @@ def _sglang(python: Path, script: Path, impl: str, ps: int, cap: int, n: int) ->
 
 
 def main(argv: list[str]) -> int:
-    from radixlink.cli import CommandParser, int_at_least  # NOTE: argparse helpers only
     positive = int_at_least(1)
     parser = CommandParser(prog="radixlink bench peers", description=__doc__)
     parser.add_argument(

@@ -34,6 +34,7 @@ from radixlink.bench.common import (
     write_json,
 )
 from radixlink.bench.store_raw import raw_ops
+from radixlink.cmdargs import CommandParser, int_at_least
 from radixlink.contract import PoolName
 from radixlink.stores import Store, open_store, page_key, parse_size
 from radixlink.stores.codec import CHECKSUM_CRC32, CHECKSUM_XXH3, HEADER_BYTES
@@ -332,7 +333,6 @@ def _total(text: str) -> int:
 
 def main(argv: list[str]) -> int:
     """Entry point of ``radixlink bench store``; returns the exit status."""
-    from radixlink.cli import CommandParser, int_at_least
 
     parser = CommandParser(prog="radixlink bench store", description=__doc__)
     parser.add_argument("--store", action="append", default=None,

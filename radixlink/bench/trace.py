@@ -22,6 +22,7 @@ import torch
 from radixlink.bench.cluster_trace import parse_records
 from radixlink.bench.common import machine_info, parse_tokens, print_table, write_json
 from radixlink.bench.trace_replay import ReplayConfig, replay
+from radixlink.cmdargs import CommandParser, int_at_least
 
 # NOTE: Llama-3.1-8B in bf16: 32 layers x 8 KV heads x 128 head dim x (K, V) x 2 bytes.
 REF_MODEL = "Llama-3.1-8B bf16 (32 layers x 8 KV heads x 128 dim x K,V x 2 B)"
@@ -157,7 +158,6 @@ def _split(values: list[str] | None, default: str) -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from radixlink.cli import CommandParser, int_at_least  # NOTE: argparse helpers only
     positive = int_at_least(1)
     p = CommandParser(prog="radixlink bench trace", description=__doc__)
     p.add_argument("--trace", required=True, help="Mooncake-format JSONL trace")

@@ -19,6 +19,7 @@ import torch
 from radixlink.bench.common import add_common_args, machine_info, print_table, write_json
 from radixlink.bench.workload import ChatRequest, WorkloadSpec, ideal_hit_tokens, make_workload
 from radixlink.cache import UnifiedCache
+from radixlink.cmdargs import CommandParser, int_at_least
 from radixlink.config import CacheConfig
 from radixlink.contract import InsertParams
 
@@ -155,8 +156,6 @@ def _positive_ints(text: str) -> list[int]:
 
 
 def main(argv: list[str]) -> int:
-    from radixlink.cli import CommandParser, int_at_least
-
     positive = int_at_least(1)
     parser = CommandParser(prog="radixlink bench tree", description=__doc__)
     parser.add_argument("--requests", type=positive, default=2000)

@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from radixlink.cmdargs import CommandParser, int_at_least
+
 EXTERNAL = "vllm:prompt_tokens_by_source{source=external_kv_transfer}"
 
 
@@ -141,8 +143,6 @@ def _versus(args: argparse.Namespace, model: str) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    from radixlink.cli import CommandParser, int_at_least
-
     p = CommandParser(prog="radixlink bench vllm", description=__doc__)
     p.add_argument("--prompts", type=int_at_least(2), default=6)
     p.add_argument("--prefix-tokens", type=int_at_least(128), default=1000)

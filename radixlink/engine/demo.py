@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 from urllib.parse import quote
 
+from radixlink.cmdargs import CommandParser, int_at_least
 from radixlink.engine.nodes import NodePool, NodeSettings, TurnRecord
 from radixlink.engine.weights import MODEL_NAMES
 from radixlink.engine.workload import WorkloadSpec
@@ -118,8 +119,6 @@ def ttft_ratio(on: Records, off: Records) -> tuple[int, float, float]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from radixlink.cli import CommandParser, int_at_least
-
     p = CommandParser(prog="radixlink demo", description=__doc__)
     positive = int_at_least(1)
     p.add_argument("--nodes", type=positive, default=2, help="engine processes (default 2)")

@@ -9,6 +9,7 @@ import argparse
 import sys
 from collections import Counter
 
+from radixlink.cmdargs import CommandParser, int_at_least
 from radixlink.stores.base import Store
 from radixlink.stores.keys import KEY_PREFIX, is_page_key, namespace_of
 from radixlink.stores.registry import open_store
@@ -103,8 +104,6 @@ def _namespace(text: str) -> str:
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    from radixlink.cli import CommandParser, int_at_least  # NOTE: argparse helpers only
-
     parser = CommandParser(prog="radixlink store", description=__doc__)
     parser.add_argument("action", choices=sorted(ACTIONS))
     parser.add_argument("url", help="store URL, e.g. file://~/.cache/radixlink/store")

@@ -20,7 +20,7 @@ from radixlink.bench.trace import (
     upper_bound_hit_tokens,
 )
 from radixlink.bench.trace_replay import ReplayConfig, replay
-from radixlink.cli import UsageError
+from radixlink.cmdargs import UsageError
 
 BS = 32
 
