@@ -28,6 +28,25 @@ CLOSE_BUDGET_S = 2.0
 """How long ``close()`` lets queued and running offloads go on before it cancels them."""
 
 
+def _check_parts(store: Any, ranks: Any, cost_model: Any) -> None:
+    """The linker's collaborators are of the kinds it calls, checked before anything opens."""
+    if not isinstance(store, (str, Store)):
+        raise ValueError(
+            f"store must be a radixlink Store or a store URL (e.g. 'file:///path/to/dir', "
+            f"'redis://host:6379/0', 'memory://'), got {type(store).__name__} {store!r:.60}"
+        )
+    if ranks is not None and not isinstance(ranks, RankGroup):
+        raise ValueError(
+            f"ranks must be a RankGroup (LocalRankGroup, or TorchRankGroup for tensor-parallel "
+            f"ranks), got {type(ranks).__name__}"
+        )
+    if cost_model is not None and not isinstance(cost_model, EstimateTracker):
+        raise ValueError(
+            f"cost_model must be a radixlink.cost.EstimateTracker or None, got "
+            f"{type(cost_model).__name__}"
+        )
+
+
 class ExternalCacheLinker:
     """Links a ``UnifiedCache`` to an external page store.
 
@@ -59,7 +78,8 @@ class ExternalCacheLinker:
             None (default): load the largest restorable length. Same setting on every rank.
 
     Raises:
-        ValueError: a bad option, or both ``config`` and options; a store other processes
+        ValueError: a bad option, or both ``config`` and options; a ``store``, ``ranks`` or
+            ``cost_model`` of another kind; a store other processes
             reach (anything but ``memory://``) while the cache has no model namespace
             (``CacheConfig.namespace.model``).
     """
@@ -69,6 +89,7 @@ class ExternalCacheLinker:
                  **options: Any):
         if config is not None and options:
             raise ValueError(f"pass either config= or options {sorted(options)}, not both")
+        _check_parts(store, ranks, cost_model)
         self.config = config = config or LinkerConfig(**options)
         self._owns_store = isinstance(store, str)
         self.store: Store = open_store(store) if isinstance(store, str) else store

@@ -131,3 +131,22 @@ def test_linker_config_bounds_threads_and_breaker_budget() -> None:
             BreakerConfig(budget_s=value)
     with pytest.raises(ValueError, match="revalidate_after_s"):
         LinkerConfig(revalidate_after_s=math.nan)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"store": {"not": "a store"}}, r"store must be a radixlink Store or a store URL.*dict"),
+    ({"store": 42}, r"store must be .*'memory://'.*int 42"),
+    ({"ranks": "tp"}, r"ranks must be a RankGroup.*str"),
+    ({"cost_model": object()}, r"cost_model must be a radixlink.cost.EstimateTracker"),
+])  # fmt: skip
+def test_linker_parts_of_another_kind_are_refused_before_attaching(kwargs: dict, match: str):
+    """A store, rank group or cost model of another kind is a ValueError at construction (it
+    was an AttributeError in the first lookup's store thread), and the cache is left without
+    a linker, so a good one attaches afterwards."""
+    cache = make_cache()
+    args = {"store": MemoryStore(), **kwargs}
+    store = args.pop("store")
+    with pytest.raises(ValueError, match=match):
+        ExternalCacheLinker(cache, store, **args)
+    with ExternalCacheLinker(cache, MemoryStore()) as linker:
+        offload(cache, linker)  # asserts the pages reached the store
