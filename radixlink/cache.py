@@ -40,6 +40,9 @@ from radixlink.tree.keys import KeyPacker
 from radixlink.tree.node import LockHandle, TreeNode
 from radixlink.tree.tree import RadixTree
 
+# What the cache and its tree call on an attached linker (``page_hashes_for`` is optional).
+_LINKER_HOOKS = ("lookup", "on_insert", "before_evict")
+
 
 class UnifiedCache:
     """Radix prefix cache over paged device memory.
@@ -342,10 +345,16 @@ class UnifiedCache:
 
         Raises:
             ValueError: the cache was built without ``enable_external_cache_linker`` (no page
-                hashes) or without a layout for some pool (nothing to move), or another linker
-                is attached.
+                hashes) or without a layout for some pool (nothing to move), ``linker`` lacks
+                a hook, or another linker is attached.
         """
         check_linkable(self.config, self._components, self._pools)
+        missing = [name for name in _LINKER_HOOKS if not callable(getattr(linker, name, None))]
+        if missing:
+            raise ValueError(
+                f"attach_linker takes an ExternalCacheLinker (or an object with its hooks "
+                f"{', '.join(_LINKER_HOOKS)}); {type(linker).__name__} lacks {', '.join(missing)}"
+            )
         if self._linker is not None and self._linker is not linker:
             raise ValueError("a linker is already attached to this cache; close it first")
         self._linker = linker

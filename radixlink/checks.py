@@ -15,6 +15,8 @@ import torch
 from radixlink.contract import InsertParams
 from radixlink.tree.keys import token_bytes
 
+_BOOLS = (bool, np.bool_)
+
 
 def check_count(name: str, value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -173,4 +175,10 @@ def check_insert(
     seqlen = params.swa_evicted_seqlen
     if not isinstance(seqlen, int) or isinstance(seqlen, bool) or seqlen < 0:
         raise ValueError(f"swa_evicted_seqlen must be a non-negative int, got {seqlen!r}")
+    # NOTE: a truthy string ("no") would otherwise pass for True
+    if not isinstance(params.chunked, _BOOLS):
+        raise ValueError(f"InsertParams.chunked must be True or False, got {params.chunked!r}")
+    if not isinstance(params.track_adopted_ranges, _BOOLS):
+        raise ValueError("InsertParams.track_adopted_ranges must be True or False, got "
+                         f"{params.track_adopted_ranges!r}")
     return key, num_value - num_value % page_size

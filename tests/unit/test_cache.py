@@ -272,11 +272,21 @@ def test_attach_linker_needs_hashing_and_layouts() -> None:
         make(enable_external_cache_linker=True, kv_layout=LAYOUT,
              mamba_num_states=4).attach_linker(object())
     cache = make(enable_external_cache_linker=True, kv_layout=LAYOUT)
-    linker = object()
+    linker = _Hooks()
     cache.attach_linker(linker)
     assert cache.linker is linker
     with pytest.raises(ValueError, match="already attached"):
-        cache.attach_linker(object())
+        cache.attach_linker(_Hooks())
+
+
+class _Hooks:
+    """The hooks the cache calls on a linker, doing nothing."""
+
+    def lookup(self, *args: Any) -> None: ...
+
+    def on_insert(self, *args: Any) -> None: ...
+
+    def before_evict(self, node: Any) -> None: ...
 
 
 @pytest.mark.parametrize(

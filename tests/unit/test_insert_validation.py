@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -156,4 +157,32 @@ def test_cuda_device_spellings_are_one_device() -> None:
     cache.insert(InsertParams(key=list(range(8)), value=kv[:8]))
     cache.free(kv[8:])
     assert cache.device == torch.device("cuda", torch.cuda.current_device())
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize("flag, value", [("chunked", "yes"), ("chunked", 1),
+                                         ("track_adopted_ranges", "no"),
+                                         ("track_adopted_ranges", None)])
+def test_insert_flags_must_be_booleans(flag: str, value: Any) -> None:
+    """A flag of InsertParams that is not True or False (the string "no" is truthy) is a
+    ValueError naming it, before anything changes; a numpy bool passes."""
+    cache = make()
+    slots = cache.alloc(8)
+    before = snapshot(cache)
+    with pytest.raises(ValueError, match=f"InsertParams.{flag} must be True or False"):
+        cache.insert(InsertParams(key=list(range(8)), value=slots, **{flag: value}))
+    assert snapshot(cache) == before
+    result = cache.insert(InsertParams(key=list(range(8)), value=slots, **{flag: np.False_}))
+    assert result.prefix_len == 0 and cache.match_prefix(list(range(8))).prefix_len == 8
+    cache.check_invariants()
+
+
+def test_attach_linker_refuses_an_object_without_the_hooks() -> None:
+    """attach_linker(<not a linker>) is a ValueError naming the missing hooks; it used to
+    attach, and the next insert raised AttributeError after the tree had adopted the slots."""
+    cache = make(kv_layout=LAYOUT, enable_external_cache_linker=True)
+    with pytest.raises(ValueError, match="lacks lookup, on_insert, before_evict"):
+        cache.attach_linker(object())
+    slots = cache.alloc(8)
+    assert cache.insert(InsertParams(key=list(range(8)), value=slots)).prefix_len == 0
     cache.check_invariants()
