@@ -92,7 +92,8 @@ class RadixlinkConnector(KVConnectorBase_V1, SupportsHMA):
         )  # fmt: skip
         store = open_store(settings.store_url)
         if not store.shared:
-            # NOTE: a warning, not an error: the scheduler-side bench times lookups on one
+            # NOTE: a warning, not an error: bench/vllm_connector.py times the scheduler side
+            # alone on a memory:// store
             logger.warning(
                 "RadixlinkConnector: store %s lives in one connector's memory; vLLM's scheduler "
                 "and each worker open their own, so no saved page is ever found. Use a store "
