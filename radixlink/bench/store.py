@@ -333,7 +333,6 @@ def _total(text: str) -> int:
 
 def main(argv: list[str]) -> int:
     """Entry point of ``radixlink bench store``; returns the exit status."""
-
     parser = CommandParser(prog="radixlink bench store", description=__doc__)
     parser.add_argument("--store", action="append", default=None,
                         help="store URL; repeat it to measure stores side by side in one run "
