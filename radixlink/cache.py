@@ -33,8 +33,8 @@ from radixlink.contract import (
 from radixlink.eviction import EvictionPath
 from radixlink.hashing import layer_namespaces
 from radixlink.hybrid_slots import HybridSlots
+from radixlink.kvevents import KVEventQueue
 from radixlink.memory.allocator import tensor_device
-from radixlink.metrics import KVEventQueue
 from radixlink.tree.invariants import check_tree
 from radixlink.tree.keys import KeyPacker
 from radixlink.tree.node import LockHandle, TreeNode

@@ -1,5 +1,5 @@
 """Observability: ``cache.stats()``, ``linker.stats()`` and ``store.stats()`` as Prometheus text,
-latency histograms, and the KV event queue a router drains (docs/benchmarks.md, Observability).
+and latency histograms (docs/benchmarks.md, Observability). KV events live in ``kvevents``.
 
 Owns metric names and rendering only: it reads plain stat dicts and never reaches into the
 cache, linker or stores. Uses ``prometheus_client`` when installed, else a built-in renderer.
@@ -8,16 +8,10 @@ cache, linker or stores. Uses ``prometheus_client`` when installed, else a built
 from __future__ import annotations
 
 import bisect
-import enum
 import math
-import threading
-import time
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-from radixlink.hashing import namespace_id as _namespace_id
 
 PREFIX = "radixlink"
 DEFAULT_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -228,92 +222,3 @@ def prometheus_text(cache: Any = None, linker: Any = None, store: Any = None,
         else:
             use_client = True
     return _render_with_client(families) if use_client else render_text(families)
-
-
-class KVEventKind(str, enum.Enum):
-    """What happened to pages."""
-
-    STORED = "stored"
-    REMOVED = "removed"
-
-
-class Tier(str, enum.Enum):
-    """Where the pages are (the fixed tier words of STYLE.md)."""
-
-    DEVICE = "device"
-    HOST = "host"
-    STORE = "store"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class KVEvent:
-    """Pages stored in or removed from one tier, by chained page hash (page 0 first; empty
-    when the cache does not hash pages), with the tree node's id and absolute token range
-    ``[start, end)`` when known (a node no longer in the tree has no range)."""
-
-    kind: KVEventKind
-    tier: Tier
-    page_hashes: tuple[str, ...]
-    namespace_id: str = ""
-    node_id: str = ""
-    timestamp: float = 0.0
-    tree_node_id: int | None = None
-    token_range: tuple[int, int] | None = None
-
-
-class KVEventQueue:
-    """A bounded, thread-safe queue of ``KVEvent``s that producers append to and a router
-    drains. When full the oldest events are dropped and counted: a router that sees
-    ``dropped`` grow must resynchronise (re-read the tiers) instead of trusting its view.
-
-    Args:
-        max_events: events kept before the oldest are dropped.
-        node_id: stamped on every event (which engine node emitted it).
-    """
-
-    def __init__(self, max_events: int = 65536, node_id: str = ""):
-        if max_events <= 0:
-            raise ValueError(f"max_events must be positive, got {max_events}")
-        self.node_id = node_id
-        self._events: deque[KVEvent] = deque()
-        self._max = max_events
-        self._lock = threading.Lock()
-        self._emitted = self._dropped = 0
-
-    def emit(self, kind: KVEventKind | str, tier: Tier | str, page_hashes: Sequence[str],
-             namespace_id: str = "", *, tree_node_id: int | None = None,
-             token_range: tuple[int, int] | None = None) -> None:
-        """Append one event (a no-op for no pages and no tree node)."""
-        if not page_hashes and tree_node_id is None:
-            return
-        event = KVEvent(kind=KVEventKind(kind), tier=Tier(tier), page_hashes=tuple(page_hashes),
-                        namespace_id=namespace_id, node_id=self.node_id,
-                        timestamp=time.time(), tree_node_id=tree_node_id,
-                        token_range=token_range)
-        with self._lock:
-            self._events.append(event)
-            self._emitted += 1
-            if len(self._events) > self._max:
-                self._events.popleft()
-                self._dropped += 1
-
-    def emit_node(self, kind: KVEventKind | str, tier: Tier | str, node: Any) -> None:
-        """One event for a tree node's pages (its hashes, id, range and root's namespace)."""
-        root = node
-        while root.parent is not None:
-            root = root.parent
-        alive = node.seq_len >= 0
-        ns = _namespace_id(root.namespace) if alive and root is not node else ""
-        self.emit(kind, tier, node.hash_value or (), ns, tree_node_id=int(node.node_id),
-                  token_range=(node.start, node.seq_len) if alive else None)
-
-    def drain(self, max_events: int | None = None) -> list[KVEvent]:
-        """Remove and return the oldest events (all of them by default), in emit order."""
-        with self._lock:
-            n = len(self._events) if max_events is None else min(max_events, len(self._events))
-            return [self._events.popleft() for _ in range(n)]
-
-    def stats(self) -> dict[str, int]:
-        with self._lock:
-            return {"emitted": self._emitted, "dropped": self._dropped,
-                    "pending": len(self._events)}

@@ -18,7 +18,7 @@ import torch
 from radixlink.cache import UnifiedCache
 from radixlink.config import CacheConfig
 from radixlink.contract import InsertParams
-from radixlink.metrics import KVEvent, KVEventKind, KVEventQueue, Tier
+from radixlink.kvevents import MEDIUM_GPU, BlockStored, KVEvent, KVEventQueue
 
 
 @dataclass(slots=True, kw_only=True)
@@ -141,8 +141,8 @@ class SimNode:
     def drain(self) -> tuple[list[KVEvent], list[str]]:
         """This node's KV events since the last call, and the page hashes its device stored."""
         events = self.events.drain()
-        stored = [h for e in events if e.kind is KVEventKind.STORED and e.tier is Tier.DEVICE
-                  for h in e.page_hashes]
+        stored = [h for e in events if isinstance(e, BlockStored) and e.medium == MEDIUM_GPU
+                  for h in e.block_hashes]
         return events, stored
 
     def check_idle(self) -> None:

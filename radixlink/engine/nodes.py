@@ -73,7 +73,7 @@ def _build_engine(settings: NodeSettings, node: int, mode: str, model: Any, tok:
         return Engine(model, tok, NoPrefixCache(config))
     cache = UnifiedCache(config)
     if settings.kv_events:
-        from radixlink.metrics import KVEventQueue
+        from radixlink.kvevents import KVEventQueue
 
         cache.enable_kv_events(KVEventQueue(node_id=str(node)))
     linker = ExternalCacheLinker(cache, settings.store_urls[node]) if mode == "store" else None

@@ -1,5 +1,6 @@
 """The router's view of the cluster's caches: which node's device holds which page hashes, and
-which pages the shared store holds, kept from the nodes' KV events (radixlink.metrics).
+which pages the shared store holds, kept from the nodes' KV events (radixlink.kvevents: vLLM's
+format, from radixlink's caches or from vLLM's own event stream).
 
 Owns that index and the prefix queries on it. Must not read a cache, a linker or a store.
 """
@@ -8,8 +9,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-from radixlink.metrics import KVEvent, KVEventKind, Tier
+from radixlink.kvevents import (
+    MEDIUM_GPU,
+    MEDIUM_STORAGE,
+    AllBlocksCleared,
+    BlockStored,
+    as_kv_event,
+)
 
 
 class PrefixIndex:
@@ -18,11 +26,16 @@ class PrefixIndex:
     expected to hold, those of requests routed there and not finished (``expect``), are kept
     the same way, apart from what its events say.
 
-    Events name their node by ``KVEvent.node_id`` (the ``node_id`` of the emitting
-    ``KVEventQueue``); the index maps ids to positions in ``node_ids``. Store events (emitted
-    by any node's linker on offload) keep a set of pages the store holds. A store's own LRU
-    evictions emit no events: a router that must not over-estimate the store asks the store
-    instead (``Router(store_prefix=...)``).
+    Events are vLLM's (``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``), as
+    radixlink's records, vLLM's own structs or decoded from its ZMQ stream (``as_kv_event``).
+    By ``medium``: ``GPU`` is the emitting node's device; ``STORAGE`` is the shared store,
+    one store read away on every node, whichever node emitted it (radixlink's linker on
+    offload, its vLLM connector on save, load or a bad page's delete); ``CPU`` (a node's host
+    tier) is counted as skipped. Only the first KV cache group (``group_idx`` 0 or None: full
+    attention) is indexed; other groups' events are skipped. Hashes are hex strings
+    (``hash_hex``): a router asks with the same hex page hashes. A store's own LRU evictions
+    emit no events: a router that must not over-estimate the store asks the store instead
+    (``Router(store_prefix=...)``).
 
     Args:
         node_ids: the nodes, in position order.
@@ -40,32 +53,64 @@ class PrefixIndex:
         self._expected: dict[str, int] = {}  # page hash -> bitmask of nodes expecting it
         self._expecting: Counter[tuple[str, int]] = Counter()  # (page hash, node) -> requests
 
-    def apply(self, events: Iterable[KVEvent]) -> None:
-        """Fold events in, in emit order. Events of unknown nodes and HOST events are counted
-        and skipped."""
+    def apply(self, events: Iterable[Any], node_id: str | None = None) -> None:
+        """Fold events in, in emit order.
+
+        Args:
+            events: radixlink records, or vLLM's events (structs or wire dicts).
+            node_id: the node that emitted them all (a vLLM stream carries no node id);
+                None: each record's own ``node_id``.
+
+        Events of unknown nodes, CPU events, other groups' and unknown event types are
+        counted and skipped.
+        """
         device, counts = self._device, self._counts
-        for event in events:
+        for raw in events:
             counts["events"] += 1
-            if event.tier is Tier.STORE:
-                if event.kind is KVEventKind.STORED:
-                    self._store.update(event.page_hashes)
-                else:
-                    self._store.difference_update(event.page_hashes)
-                continue
-            bit = self._bit.get(event.node_id)
-            if bit is None or event.tier is not Tier.DEVICE:
+            event = as_kv_event(raw, node_id or "")
+            if event is None:
                 counts["skipped"] += 1
                 continue
-            if event.kind is KVEventKind.STORED:
-                for h in event.page_hashes:
+            bit = self._bit.get(event.node_id if node_id is None else node_id)
+            if isinstance(event, AllBlocksCleared):
+                self._clear_device(bit)
+                continue
+            if event.group_idx or event.medium not in (MEDIUM_GPU, MEDIUM_STORAGE):
+                counts["skipped"] += 1
+                continue
+            stored = isinstance(event, BlockStored)
+            if event.medium == MEDIUM_STORAGE:
+                if stored:
+                    self._store.update(event.block_hashes)
+                else:
+                    self._store.difference_update(event.block_hashes)
+                continue
+            if bit is None:
+                counts["skipped"] += 1
+                continue
+            if stored:
+                for h in event.block_hashes:
                     device[h] = device.get(h, 0) | bit
             else:
-                for h in event.page_hashes:
+                for h in event.block_hashes:
                     left = device.get(h, 0) & ~bit
                     if left:
                         device[h] = left
                     else:
                         device.pop(h, None)
+
+    def _clear_device(self, bit: int | None) -> None:
+        """The node emptied its device prefix cache (vLLM's ``AllBlocksCleared``)."""
+        if bit is None:
+            self._counts["skipped"] += 1
+            return
+        device = self._device
+        for h in [h for h, mask in device.items() if mask & bit]:
+            left = device[h] & ~bit
+            if left:
+                device[h] = left
+            else:
+                del device[h]
 
     def expect(self, node: int, hashes: Sequence[str]) -> None:
         """A request routed to ``node`` (a position in ``node_ids``) will leave ``hashes`` on

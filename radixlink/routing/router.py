@@ -8,11 +8,11 @@ Owns the per-request query assembly. Must not execute requests or touch caches: 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any
 
 from radixlink.cost.estimates import Estimates
 from radixlink.cost.tracking import EstimateTracker
 from radixlink.cost.ttft import HIDE
-from radixlink.metrics import KVEvent
 from radixlink.routing.index import PrefixIndex
 from radixlink.routing.policies import Decision, RouteQuery, RoutingPolicy, make_policy
 from radixlink.routing.queues import QueueBook
@@ -57,9 +57,10 @@ class Router:
     def estimates(self) -> Estimates:
         return self.tracker.snapshot()
 
-    def ingest(self, events: Iterable[KVEvent]) -> None:
-        """Fold the nodes' KV events into the index."""
-        self.index.apply(events)
+    def ingest(self, events: Iterable[Any], node_id: str | None = None) -> None:
+        """Fold KV events into the index: radixlink's records (each names its node), or one
+        vLLM node's stream (``node_id``: that node; ``PrefixIndex.apply``)."""
+        self.index.apply(events, node_id)
 
     def query(self, hashes: Sequence[str], prompt_len: int, now: float) -> RouteQuery:
         """What every policy sees for a prompt of ``prompt_len`` tokens whose whole pages have

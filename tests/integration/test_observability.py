@@ -9,9 +9,10 @@ import torch
 from radixlink.cache import UnifiedCache
 from radixlink.config import CacheConfig
 from radixlink.contract import InsertParams
+from radixlink.kvevents import MEDIUM_GPU, MEDIUM_STORAGE, BlockStored, KVEvent, KVEventQueue
 from radixlink.linker.core import ExternalCacheLinker
 from radixlink.memory.layout import KVLayout
-from radixlink.metrics import KVEvent, KVEventKind, KVEventQueue, Tier, prometheus_text
+from radixlink.metrics import prometheus_text
 from radixlink.stores.memory import MemoryStore
 
 PS = 4
@@ -74,7 +75,9 @@ def test_hit_tokens_are_request_device_hits_only() -> None:
 
 
 def summary(events: list[KVEvent]) -> list[tuple[str, str, tuple[int, int] | None]]:
-    return [(e.kind.value, e.tier.value, e.token_range) for e in events]
+    tier = {MEDIUM_GPU: "device", MEDIUM_STORAGE: "store"}
+    return [("stored" if isinstance(e, BlockStored) else "removed", tier[e.medium],
+             e.token_range) for e in events]
 
 
 def test_event_sequence_insert_offload_evict_revalidation_loss() -> None:
@@ -99,10 +102,10 @@ def test_event_sequence_insert_offload_evict_revalidation_loss() -> None:
         ("stored", "device", (0, 8)), ("stored", "store", (0, 8)),
         ("removed", "store", (0, 8)), ("stored", "store", (0, 8)),
     ]
-    assert events[0].page_hashes == hashes and len(hashes) == 4
-    assert events[1].page_hashes == hashes == events[2].page_hashes
+    assert events[0].block_hashes == hashes and len(hashes) == 4
+    assert events[1].block_hashes == hashes == events[2].block_hashes
     assert all(e.node_id == "n0" and e.namespace_id for e in events)
-    assert events[0].kind is KVEventKind.STORED and events[2].tier is Tier.DEVICE
+    assert isinstance(events[0], BlockStored) and events[2].medium == MEDIUM_GPU
     assert queue.drain() == [] and queue.stats()["dropped"] == 0
     linker.close()
     cache.check_invariants()
@@ -120,7 +123,7 @@ def test_events_without_hashing_name_nodes_and_ranges() -> None:
     assert got[:2] == [("stored", "device", (0, 8)), ("stored", "device", (4, 12))]
     removed = sorted(r for k, _, r in got[2:] if k == "removed" and r is not None)
     assert removed == [(0, 4), (4, 8), (4, 12)]
-    assert all(e.page_hashes == () and e.tree_node_id is not None for e in events)
+    assert all(e.block_hashes == () and e.tree_node_id is not None for e in events)
 
 
 def test_no_queue_no_events() -> None:

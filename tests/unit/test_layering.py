@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "radixlink"
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"contract", "errors", "seedmemo", "cost"},
     {"hashing", "memory"},
-    {"config", "stores", "metrics"},
+    {"config", "stores", "metrics", "kvevents"},
     {"cmdargs", "tree", "routing"},
     {"components", "checks"},
     {"eviction", "hybrid_slots", "nocache"},

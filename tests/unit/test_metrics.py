@@ -1,5 +1,5 @@
-"""radixlink.metrics: Prometheus text of real cache / linker / store stats, histograms, and the
-KV event queue."""
+"""radixlink.metrics: Prometheus text of real cache / linker / store stats, and histograms (the
+KV event queue: tests/unit/test_kv_events.py)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,7 @@ from radixlink.cache import UnifiedCache
 from radixlink.config import CacheConfig
 from radixlink.linker.core import ExternalCacheLinker
 from radixlink.memory.layout import KVLayout
-from radixlink.metrics import (
-    KVEventKind,
-    KVEventQueue,
-    LatencyHistogram,
-    Tier,
-    collect,
-    prometheus_text,
-    render_text,
-)
+from radixlink.metrics import LatencyHistogram, collect, prometheus_text, render_text
 from radixlink.stores.memory import MemoryStore
 
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$')
@@ -137,24 +129,3 @@ def test_prometheus_client_output_matches_when_installed() -> None:
     ours = parse(prometheus_text(stats, linker, use_client=False))[1]
     theirs = parse(prometheus_text(stats, linker, use_client=True))[1]
     assert {k: v for k, v in theirs.items() if not k[0].endswith("_created")} == ours
-
-
-def test_event_queue_drains_in_order_and_counts_drops() -> None:
-    """Events drain oldest first; past the bound the oldest are dropped and counted."""
-    queue = KVEventQueue(max_events=3, node_id="n0")
-    for i in range(5):
-        queue.emit(KVEventKind.STORED, Tier.DEVICE, [f"h{i}"])
-    queue.emit(KVEventKind.REMOVED, Tier.STORE, [])  # no pages: no event
-    assert queue.stats() == {"emitted": 5, "dropped": 2, "pending": 3}
-    first = queue.drain(1)
-    assert [e.page_hashes for e in first] == [("h2",)] and first[0].node_id == "n0"
-    assert [e.page_hashes for e in queue.drain()] == [("h3",), ("h4",)]
-    assert queue.drain() == []
-
-
-def test_event_without_hashes_names_the_tree_node() -> None:
-    """An event with no page hashes is kept when it names a tree node and token range."""
-    queue = KVEventQueue()
-    queue.emit("stored", "device", [], tree_node_id=7, token_range=(0, 8))
-    (event,) = queue.drain()
-    assert event.tier is Tier.DEVICE and event.tree_node_id == 7 and event.token_range == (0, 8)

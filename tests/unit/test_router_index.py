@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from radixlink import CacheConfig, InsertParams, UnifiedCache, page_hashes
-from radixlink.metrics import KVEventKind, KVEventQueue, Tier
+from radixlink.kvevents import BlockRemoved, KVEventKind, KVEventQueue, Tier
 from radixlink.routing import PrefixIndex
 
 PS = 4
@@ -54,7 +54,7 @@ def test_index_matches_every_node_through_inserts_and_evictions(seed: int) -> No
         node = rng.randrange(3)
         serve(nodes[node], prompts(rng))
         events = nodes[node].kv_events.drain()
-        removed += sum(e.kind is KVEventKind.REMOVED for e in events)
+        removed += sum(isinstance(e, BlockRemoved) for e in events)
         index.apply(events)
         probe = prompts(rng)
         got = index.device_prefix_pages(page_hashes(probe, PS))
@@ -73,7 +73,7 @@ def test_removed_events_empty_a_node() -> None:
     assert index.device_prefix_pages(page_hashes(first, PS)) == [4]
     serve(node, [2] * 16)  # evicts every page of the first prompt
     events = node.kv_events.drain()
-    assert any(e.kind is KVEventKind.REMOVED for e in events)
+    assert any(isinstance(e, BlockRemoved) for e in events)
     index.apply(events)
     assert index.device_prefix_pages(page_hashes(first, PS)) == [0]
     assert index.device_prefix_pages(page_hashes([2] * 16, PS)) == [4]
@@ -105,3 +105,32 @@ def test_node_ids_must_be_distinct() -> None:
         PrefixIndex(["0", "0"])
     with pytest.raises(ValueError, match="non-empty"):
         PrefixIndex([])
+
+
+def _wire(kind: str, hashes: list[bytes], medium: str | None, **fields: object) -> dict:
+    """One event as a subscriber without vLLM's types decodes vLLM's ZMQ stream (msgpack)."""
+    return {"type": kind, "block_hashes": hashes, "medium": medium, **fields}
+
+
+def test_vllm_stream_events_index_device_and_store() -> None:
+    """vLLM's own events, per node stream: GPU events mark that node's device, STORAGE events
+    the store for every node (whichever node sent them), CPU and non-first-group events are
+    skipped, AllBlocksCleared empties only that node's device. Bytes hashes become hex."""
+    raw = [bytes([i]) * 32 for i in range(6)]
+    hexes = [h.hex() for h in raw]
+    index = PrefixIndex(["a", "b"])
+    index.apply([_wire("BlockStored", raw[:4], "GPU", parent_block_hash=None, token_ids=[],
+                       block_size=16),
+                 _wire("BlockStored", raw, "STORAGE", locality="REMOTE"),
+                 _wire("BlockStored", raw, "CPU"),
+                 _wire("BlockRemoved", raw[:1], "GPU", group_idx=1)], node_id="a")
+    index.apply([_wire("BlockStored", raw[:2], None)], node_id="b")  # None: vLLM's GPU default
+    assert index.device_prefix_pages(hexes) == [4, 2]
+    assert index.store_prefix_pages(hexes) == 6
+    assert index.stats()["skipped"] == 2
+    index.apply([_wire("BlockRemoved", raw[3:4], "STORAGE"), {"type": "AllBlocksCleared"}],
+                node_id="b")
+    assert index.store_prefix_pages(hexes) == 3  # a store delete is seen by every node
+    assert index.device_prefix_pages(hexes) == [4, 0]
+    index.apply([{"type": "SomethingNew"}], node_id="a")
+    assert index.stats()["skipped"] == 3

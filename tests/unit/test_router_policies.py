@@ -8,7 +8,7 @@ import torch
 
 from radixlink import CacheConfig, InsertParams, UnifiedCache, page_hashes
 from radixlink.cost import Estimates, EstimateTracker, PrefillEstimate, TransferEstimate
-from radixlink.metrics import KVEventQueue
+from radixlink.kvevents import KVEventQueue
 from radixlink.routing import (
     POLICIES,
     Decision,
