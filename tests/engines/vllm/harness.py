@@ -10,6 +10,7 @@ block, from the wrong rank or layer, or a corrupt page that slipped through, fai
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -197,7 +198,8 @@ class Node:
                 self._forward(rank, req_id, start, count)
             worker.wait_for_save()
             results = worker.get_transfer_results(out.finished_req_ids)
-            kv_out = KVConnectorOutput(
+            kv_out = release_dataclass(
+                KVConnectorOutput,
                 finished_sending=results.finished_sending or None,
                 finished_recving=results.finished_recving or None,
                 failed_recving=results.failed_recving,
@@ -290,11 +292,25 @@ class Node:
             request = self.scheduler.requests[req_id]
             done = start + count >= request.num_tokens
             sampled.append([next_token(request.all_token_ids)] if done else [])
-        return ModelRunnerOutput(
+        return release_dataclass(
+            ModelRunnerOutput,
             req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
             sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
             pooler_output=None, kv_connector_output=kv_out,
         )  # fmt: skip
+
+
+def release_dataclass(cls: type, **values: Any) -> Any:
+    """``cls(**values)`` for the installed vLLM's version of a record (``ModelRunnerOutput``,
+    ``KVConnectorOutput``): values of fields this release lacks are dropped (0.34 dropped
+    ``ModelRunnerOutput.req_id_to_index``); a field it requires that ``values`` lacks is an
+    error naming it, not a silent default."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    missing = [name for name, f in fields.items() if name not in values
+               and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]  # fmt: skip
+    assert not missing, f"{cls.__name__} of this vLLM requires {missing}: extend the harness"
+    return cls(**{name: value for name, value in values.items() if name in fields})
 
 
 def _layer_tensor(num_blocks: int) -> torch.Tensor:
