@@ -19,8 +19,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from radixlink.integrations.vllm.events import StoreEvents, kv_events_enabled
 from radixlink.integrations.vllm.keys import KeyScheme, group_layouts
 from radixlink.integrations.vllm.metadata import RadixlinkMetadata
+from radixlink.integrations.vllm.reports import RadixlinkKVEvents
 from radixlink.integrations.vllm.scheduler_side import SchedulerSide
 from radixlink.integrations.vllm.settings import (
     ConnectorSettings,
@@ -32,7 +34,10 @@ from radixlink.integrations.vllm.worker_side import WorkerSide
 from radixlink.stores.registry import open_store
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
         KVConnectorPromMetrics,
         KVConnectorStats,
@@ -100,17 +105,21 @@ class RadixlinkConnector(KVConnectorBase_V1, SupportsHMA):
                 "they share: file:///path/to/dir or redis://host:port/0", settings.store_url)
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
+        events = kv_events_enabled(vllm_config) and bool(layouts)
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerSide(
                 layouts=layouts, scheme=scheme, store=store, tp_size=tp_size,
                 load=settings.load, save=settings.save,
+                events=StoreEvents(layouts=layouts, scheme=scheme, store=store, tp_size=tp_size,
+                                   kv_cache_config=kv_cache_config,
+                                   store_url=settings.store_url) if events else None,
             )  # fmt: skip
         else:
             self._worker = WorkerSide(
                 layouts=layouts, scheme=scheme, store=store, tp_rank=tp_rank,
                 num_threads=settings.num_threads,
                 max_inflight_save_bytes=settings.max_inflight_save_bytes,
-                block_errors=len(kv_cache_config.kv_cache_groups) == 1,
+                block_errors=len(kv_cache_config.kv_cache_groups) == 1, kv_events=events,
             )  # fmt: skip
         self._num_blocks = kv_cache_config.num_blocks
 
@@ -173,6 +182,12 @@ class RadixlinkConnector(KVConnectorBase_V1, SupportsHMA):
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.worker.take_load_errors()
 
+    def get_kv_connector_kv_cache_events(self) -> RadixlinkKVEvents | None:
+        """What this worker's store I/O did since the last step (for the scheduler side's
+        ``take_events``), or None."""
+        reports = self._worker.reports if self._worker is not None else None
+        return reports.take() if reports is not None else None
+
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         """This interval's counters (worker: loads, saves, heals; scheduler: lookups), or
         None when nothing was counted; vLLM sums them over ranks and logs them."""
@@ -230,6 +245,14 @@ class RadixlinkConnector(KVConnectorBase_V1, SupportsHMA):
             set(connector_output.failed_recving or ()),
             set(connector_output.invalid_block_ids or ()),
         )
+        events = self.scheduler_side.events
+        if events is not None:
+            events.absorb(getattr(connector_output, "kv_cache_events", None))
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        """The store's KV events (``STORAGE``) since the last step, for vLLM's publisher."""
+        events = self.scheduler_side.events
+        return events.take() if events is not None else ()
 
     def request_finished(self, request: Request,
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:  # fmt: skip

@@ -14,6 +14,7 @@ from typing import Any
 
 from radixlink.contract import PoolHitPolicy
 from radixlink.errors import StoreError
+from radixlink.integrations.vllm.events import StoreEvents
 from radixlink.integrations.vllm.keys import GroupLayout, KeyScheme
 from radixlink.integrations.vllm.metadata import GroupPages, PageJob, RadixlinkMetadata
 from radixlink.integrations.vllm.names import PageNames, join_keys
@@ -51,11 +52,14 @@ class SchedulerSide:
         tp_size: tensor-parallel ranks; a page counts only when every rank's key is present.
         load: whether lookups may report hits.
         save: whether computed pages are planned for saving.
+        events: told of every planned load and save (their pages' KV events), or None.
     """
 
     def __init__(self, *, layouts: Sequence[GroupLayout], scheme: KeyScheme, store: Store,
-                 tp_size: int, load: bool, save: bool):  # fmt: skip
+                 tp_size: int, load: bool, save: bool,
+                 events: StoreEvents | None = None):  # fmt: skip
         self._layouts = tuple(layouts)
+        self.events = events  # KV events (vLLM's --kv-events-config), or None
         self._scheme = scheme
         self.store = store
         self._tp_size = tp_size
@@ -249,9 +253,12 @@ class SchedulerSide:
             else:
                 groups.append(GroupPages(group_id=g.group_id, block_ids=tuple(ids),
                                          hashes=all_hashes[: len(ids)]))  # fmt: skip
-        return PageJob(req_id=request.request_id, groups=tuple(groups),
-                       cache_salt=request.cache_salt or "", finishing=finishing,
-                       overwrite=overwrite)  # fmt: skip
+        job = PageJob(req_id=request.request_id, groups=tuple(groups),
+                      cache_salt=request.cache_salt or "", finishing=finishing,
+                      overwrite=overwrite)  # fmt: skip
+        if self.events is not None:
+            self.events.note(request, job, start, hashes)
+        return job
 
     def _page_hashes(self, request: Any, num_pages: int) -> list[str]:
         """The request's first ``num_pages`` page hashes (fewer if not hashed yet), from its

@@ -21,6 +21,7 @@ from radixlink.integrations.vllm.keys import GroupLayout, KeyScheme
 from radixlink.integrations.vllm.loads import FetchedBatch, RequestLoad, fetch_batch
 from radixlink.integrations.vllm.metadata import GroupPages, PageJob
 from radixlink.integrations.vllm.pages import PagedGroup
+from radixlink.integrations.vllm.reports import WorkerReports
 from radixlink.memory.host import StagingArena
 from radixlink.stores import pageio
 from radixlink.stores.base import Store
@@ -54,11 +55,13 @@ class WorkerSide:
             dropped and counted (a dropped save is a later miss, never a stall).
         block_errors: report failed loads as block ids (one KV cache group: vLLM keeps the
             verified prefix); otherwise as failed requests (vLLM recomputes them whole).
+        kv_events: report what the store I/O did to which page (``reports``: the KV events
+            of vLLM's ``--kv-events-config``).
     """
 
     def __init__(self, *, layouts: Sequence[GroupLayout], scheme: KeyScheme, store: Store,
                  tp_rank: int, num_threads: int, max_inflight_save_bytes: int,
-                 block_errors: bool):  # fmt: skip
+                 block_errors: bool, kv_events: bool = False):  # fmt: skip
         self._layouts = {g.group_id: g for g in layouts}
         self._scheme = scheme
         self._store = store
@@ -81,6 +84,7 @@ class WorkerSide:
         self._arena = StagingArena(max_cached_bytes=min(max_inflight_save_bytes, 256 << 20))
         self.stats = dict.fromkeys(STAT_NAMES, 0)
         self._reported = dict.fromkeys(STAT_NAMES, 0)
+        self.reports = WorkerReports(tp_rank, self._keys) if kv_events else None
 
     def register(self, kv_caches: Mapping[str, torch.Tensor], num_blocks: int) -> None:
         """Bind every group to its layers' tensors and build its codec.
@@ -266,6 +270,9 @@ class WorkerSide:
                             bad_blocks={b for g in job.groups for b in g.block_ids})
                 for job in jobs
             ])  # fmt: skip
+        else:
+            if self.reports is not None:
+                self.reports.after_read(jobs, batch)
         with self._lock:
             self.stats["fetched_pages"] += batch.num_fetched
             self.stats["bad_pages"] += len(batch.bad_keys)
@@ -290,6 +297,8 @@ class WorkerSide:
             counts["healed_pages"] += written.healed
             counts["saved_pages"] += len(written.stored)
             counts["failed_saves"] += len(written.failed)
+            if self.reports is not None:
+                self.reports.after_write(job, [g for g, _ in pages], written.failed)
         except Exception as exc:  # noqa: BLE001 - a failed save is a later miss
             counts["failed_saves"] += 1
             logger.warning("radixlink save of %s failed: %s", job.req_id, exc)

@@ -22,6 +22,7 @@ from vllm import SamplingParams
 from vllm.config import (
     CacheConfig,
     DeviceConfig,
+    KVEventsConfig,
     KVTransferConfig,
     ModelConfig,
     ParallelConfig,
@@ -134,6 +135,7 @@ class Node:
     max_batched: int = 256
     extra: dict[str, Any] = field(default_factory=dict)
     hash_algo: str = "sha256"
+    kv_events: bool = False  # vLLM's KV events on (the test installs the publisher)
     checked_tokens: int = 0
     preemptions: int = 0
     steps: int = 0
@@ -145,6 +147,10 @@ class Node:
         configs = [vllm_config(self.model_dir, extra, hybrid=self.hybrid, tp_size=self.tp_size,
                                rank=r, max_batched=self.max_batched, hash_algo=self.hash_algo)
                    for r in range(self.tp_size)]  # fmt: skip
+        if self.kv_events:
+            for config in configs:
+                config.kv_events_config = KVEventsConfig(enable_kv_cache_events=True,
+                                                         publisher="null")
         self.config = configs[0]
         self.kv_config = kv_cache_config(self.num_blocks, self.hybrid)
         configs[0].cache_config.num_gpu_blocks = self.num_blocks
@@ -205,6 +211,7 @@ class Node:
                 failed_recving=results.failed_recving,
                 invalid_block_ids=worker.get_block_ids_with_load_errors(),
                 kv_connector_stats=worker.get_kv_connector_stats(),
+                kv_cache_events=worker.get_kv_connector_kv_cache_events(),
             )  # fmt: skip
             worker.clear_connector_metadata()
             outputs.append(self._runner_output(runs, kv_out))
