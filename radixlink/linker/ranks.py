@@ -60,6 +60,13 @@ class RankGroup(ABC):
         """The smallest ``n`` over all ranks (a collective MIN)."""
         return self.all_reduce_min([n])[0]
 
+    def all_of(self, flags: Sequence[bool]) -> list[bool]:
+        """Element-wise AND of ``flags`` over all ranks (a collective; the identity with one
+        rank): several agreed yes/no answers in one all-reduce."""
+        if self.world_size == 1:
+            return list(flags)
+        return [bit == 1 for bit in self.all_reduce_min([1 if flag else 0 for flag in flags])]
+
     def any_of(self, flags: Sequence[bool]) -> list[bool]:
         """Element-wise OR of ``flags`` over all ranks (a collective; the identity with one
         rank): e.g. a deadline passed on any rank passed on all."""

@@ -56,6 +56,7 @@ def _rank_main(rank: int, rendezvous: str, out_path: str) -> None:
             "all_ok_one_false": group.all_ok(rank != 1),
             "all_ok_all_true": group.all_ok(True),
             "agree_count": group.agree_count(5 if rank == 0 else 3),
+            "all_of": group.all_of([True, rank != 1, rank == 1]),
         }
     finally:
         dist.destroy_process_group()
@@ -73,6 +74,7 @@ def test_two_gloo_ranks_agree(tmp_path: Path) -> None:
         assert a["empty_on_one"] == []
         assert a["all_ok_one_false"] is False and a["all_ok_all_true"] is True
         assert a["agree_count"] == 3
+        assert a["all_of"] == [True, False, False]
 
 
 def test_torch_rank_group_needs_init() -> None:

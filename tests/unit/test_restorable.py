@@ -179,6 +179,7 @@ def test_local_rank_group_is_identity() -> None:
     assert group.intersect([2, 4], 5) == [2, 4]
     assert group.all_ok(False) is False and group.all_ok(True) is True
     assert group.agree_count(7) == 7
+    assert group.all_of([True, False]) == [True, False]
 
 
 def test_intersect_rejects_out_of_range_lengths() -> None:
@@ -192,7 +193,7 @@ def test_intersect_rejects_out_of_range_lengths() -> None:
 def test_simulated_ranks_agree() -> None:
     """Simulated ranks intersect sets, AND flags and take the MIN count, identically on all."""
 
-    def body(group: RankGroup) -> tuple[list[int], int, bool, bool, int]:
+    def body(group: RankGroup) -> tuple[list[int], int, bool, bool, int, list[bool]]:
         local = [[2, 4], [2], [1, 2, 4]][group.rank]
         common = group.intersect(local, 4)
         return (
@@ -201,10 +202,11 @@ def test_simulated_ranks_agree() -> None:
             group.all_ok(group.rank != 1),
             group.all_ok(True),
             group.agree_count(10 - group.rank),
+            group.all_of([True, group.rank != 1, group.rank == 2]),
         )
 
     results = run_ranks(3, body)
-    assert results == [([2], 2, False, True, 8)] * 3
+    assert results == [([2], 2, False, True, 8, [True, False, False])] * 3
 
 
 def test_simulated_mismatched_sizes_raise() -> None:
