@@ -16,15 +16,17 @@ from pathlib import Path
 from typing import Any
 
 RANK_PROLOGUE = r"""
-import json, sys
+import datetime, json, sys
 import torch.distributed as dist
 from radixlink.linker import TorchRankGroup
 rank, rendezvous, out, root = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-dist.init_process_group("gloo", init_method="file://" + rendezvous, rank=rank, world_size=2)
+dist.init_process_group("gloo", init_method="file://" + rendezvous, rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=30))
 group = TorchRankGroup()
 """
-"""The start of a two-rank script run with one extra argument (a directory): ``rank``,
-``out`` (the JSON answers' path), ``root`` and an initialised gloo ``group``."""
+"""The start of a two-rank script run with at least one extra argument (a directory):
+``rank``, ``out`` (the JSON answers' path), ``root`` and an initialised gloo ``group`` whose
+collectives give up after 30 s (a rank left waiting in one fails instead of hanging)."""
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent

@@ -213,12 +213,17 @@ class Loader:
         self._progress.pop(transfer.job_id, None)
         reservation, cache, stats = transfer.reservation, self.cache, self.stats
         ok = done.ok and not transfer.cancelled and not self.closed
-        if self.world_size > 1:
-            ok = self.ranks.all_ok(ok)
+        # NOTE: intact = this rank's pages are all still in the store (page I/O deletes the
+        # bad ones it read; a missing one is gone)
+        intact = done.status not in (TransferStatus.CORRUPT, TransferStatus.MISSING)
+        if self.world_size > 1:  # NOTE: one all-reduce agrees on both
+            ok, intact = self.ranks.all_of([ok, intact])
         if done.status is TransferStatus.CORRUPT:
             stats["checksum_misses"] += 1
-        if done.status in (TransferStatus.CORRUPT, TransferStatus.MISSING):
-            # NOTE: page I/O deleted the bad pages: the recomputed ones must be written again
+        if not intact:
+            # NOTE: a rank lost some of these pages: every rank forgets them (the stored index
+            # must agree: its marks decide revalidation's collective and the write policy's
+            # offloads), so every rank writes them again
             for t in reservation.transfers:
                 if t is not None:
                     self.parts.stored.discard(t.name, t.keys)
