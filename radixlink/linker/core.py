@@ -202,13 +202,16 @@ class ExternalCacheLinker:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Send queued offloads, wait for in-flight offloads (and loads) and apply their
-        results; False on timeout."""
+        results; False on timeout (with several ranks: on any rank, so every rank answers
+        alike; call it on every rank)."""
         if timeout is not None:
             check_seconds("flush(timeout=)", timeout, allow_zero=True)
         self.offload.flush_batch()
         idle = self.parts.worker.wait_idle(timeout)
         self._loader.process()
-        return idle
+        # NOTE: a rank still busy leaves its jobs unapplied on every rank: agreed, True means
+        # everything was applied everywhere
+        return idle if self.parts.world_size == 1 else self.ranks.all_ok(idle)
 
     def close(self) -> None:
         """Quiesce transfers within ``CLOSE_BUDGET_S`` (then cancel queued ones, leave running
