@@ -1,7 +1,8 @@
 """A damaged sliding-window page outside the window a request reads (issue 44): a load reads
 only the window pages of the prefix it restores, so the damage is not found, and not healed,
 until a request whose window covers that page; that request gets a counted miss, recomputes
-(never wrong K/V, exact accounting), and its offload writes the page again.
+(never wrong K/V, exact accounting), and its offload writes the page again. The same holds
+for the other trailing pool, a Mamba state stored at an earlier node's end.
 
 Store layout after A serves TOKENS[:20] then TOKENS (window 8 tokens = 2 pages; page 4 tokens):
 
@@ -47,27 +48,37 @@ def _request(cache: Any, linker: ExternalCacheLinker, tokens: list[int],
     return served
 
 
-@pytest.mark.parametrize("kind", ["swa", "swa+mamba"])
-def test_damaged_out_of_window_swa_page_is_a_miss_when_needed_then_healed(kind: str) -> None:
-    """Flow: A offloads TOKENS[:20] and TOKENS; SWA page 3 gets one flipped byte. B loads
-    TOKENS (window pages 8, 9): ok, the damaged page is never read, it stays damaged in the
-    store and no miss is counted. B then serves TOKENS[:20] + TAIL, whose restored window is
-    pages 3, 4: the load reads page 3, counts one checksum miss and fails; B recomputes all
-    32 tokens (no wrong K/V, exact accounting); its write-through offload writes page 3 again,
-    byte-identical to A's. C, a fresh cache, then loads TOKENS[:20] through the healed page."""
+@pytest.mark.parametrize(("kind", "pool", "page"), [
+    ("swa", PoolName.SWA, 3), ("swa+mamba", PoolName.SWA, 3),
+    ("mamba", PoolName.MAMBA, 4), ("swa+mamba", PoolName.MAMBA, 4),
+])
+def test_damaged_out_of_window_swa_page_is_a_miss_when_needed_then_healed(
+    kind: str, pool: PoolName, page: int
+) -> None:
+    """Flow: A offloads TOKENS[:20] and TOKENS; SWA page 3 gets one flipped byte (or, the
+    same for the other trailing pool, the Mamba state stored at page 4, the end of
+    TOKENS[:20]). B loads TOKENS (window pages 8, 9, the state at 9): ok, the damaged page is
+    never read, it stays damaged in the store and no miss is counted. B then serves
+    TOKENS[:20] + TAIL, whose restored window is pages 3, 4 (state at 4): the load reads the
+    damaged page, counts one checksum miss and fails; B recomputes all 32 tokens (no wrong
+    K/V, exact accounting); its write-through offload writes the SWA page again, byte-identical
+    to A's (a state comes back with B's next request that ends at 20, once B revalidates its
+    stored mark: the first one computed the state at its own end). C, a fresh cache, then
+    loads TOKENS[:20] through the healed page."""
     store = MemoryStore(capacity_bytes=64 << 20)
     cache_a, linker_a = offloaded(kind, store)
     hashes = list(cache_a.match_prefix(TOKENS[:20]).last_node.hash_value)
-    swa_keys = linker_a.parts.store_keys(PoolTransfer(name=PoolName.SWA, keys=hashes))
-    assert store.exists(swa_keys) == [False, False, False, True, True]
-    key = swa_keys[3]
+    keys = linker_a.parts.store_keys(PoolTransfer(name=pool, keys=hashes))
+    stored = [False, False, False, True, True] if pool is PoolName.SWA else [False] * 4 + [True]
+    assert store.exists(keys) == stored
+    key = keys[page]
     [good] = store.get([key])
     damaged = bytearray(good)
     damaged[-1] ^= 0xFF
     assert store.put({key: bytes(damaged)}) == [True]
 
     cache_b = make_cache(kind)
-    linker_b = ExternalCacheLinker(cache_b, store)
+    linker_b = ExternalCacheLinker(cache_b, store, revalidate_after_s=0.0)
     whole = _request(cache_b, linker_b, TOKENS, "whole")
     assert whole.load is not None and whole.load.ok and whole.prefix_len == 40, whole
     for x, y in zip(window_and_state(cache_a, TOKENS), window_and_state(cache_b, TOKENS),
@@ -87,10 +98,19 @@ def test_damaged_out_of_window_swa_page_is_a_miss_when_needed_then_healed(kind: 
     assert misses["checksum"] == 1 and misses["misses"] == 1, misses
     assert linker_b.stats()["failures_load"] == 1
     assert linker_b.flush(timeout=10)
-    assert store.get([key]) == [good]  # healed by the recompute's offload
     # bounded: at most the recomputed request's own pages went out again: 8 full pages, the
     # windows of its two nodes (2 SWA pages each) and, on a MAMBA cache, their 2 states
     assert linker_b.stats()["offloaded_pages"] - offloaded_before <= 8 + 2 * 2 + 2
+    if pool is PoolName.MAMBA:
+        # NOTE: the request computed the state at its own end (32), not at 20: the bad state
+        # is deleted (later lookups stop reporting it) and comes back with the next request
+        # that ends at 20, once B re-checks its stored mark on that node (revalidate_after_s:
+        # 0 here, 300 s by default; the same as for a state the store evicted)
+        assert store.exists([key]) == [False]
+        again = _request(cache_b, linker_b, TOKENS[:20], "ends-at-20")
+        assert again.hit_len == 0 and again.prefix_len == 0, again
+        assert linker_b.flush(timeout=10)
+    assert store.get([key]) == [good]  # healed by a recompute's offload, byte-identical
     assert_exact(cache_b)
 
     cache_c = make_cache(kind)
