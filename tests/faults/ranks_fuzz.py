@@ -145,8 +145,11 @@ def script(cfg: Config) -> list[Op]:
             ops.append(("poll",))
         elif r < 0.74:
             ops.append(("cancel", rng.randint(0, 7)))
-        elif r < 0.80:
+        elif r < 0.77:
             ops.append(("evict", rng.randint(0, 24), rng.randint(0, 16), rng.randint(0, 3)))
+        elif r < 0.80:
+            ops.append(("stale", tokens_of(seq(), 0), rng.randint(0, 8), rng.randint(0, 8),
+                        rng.randint(0, 2)))
         elif r < 0.84:
             ops.append(("flush",))
         elif r < 0.88:
@@ -250,6 +253,17 @@ class Rank:
         self.cache.evict(EvictParams(num_tokens=full * PS,
                                      swa_num_tokens=swa * PS if kind == "swa" else 0,
                                      mamba_num=mamba if kind == "mamba" else 0))
+
+    def op_stale(self, rid: str, tokens: list[int], full: int, swa: int, mamba: int) -> None:
+        """Eviction between the lookup and ``load()``: the load refuses a device prefix that
+        shrank (stale) or loads after exactly what it then locked."""
+        m = self.cache.match_prefix(tokens, req_id=rid)
+        self.op_evict(rid, full, swa, mamba)
+        if m.external_hit_len and self.linker.load(rid):
+            self.pending[rid] = tokens
+            return
+        self.linker.cancel(rid)  # NOTE: drops the lookup when load() was never called
+        self.begin(rid, tokens, wait=True)
 
     def op_flush(self, _rid: str) -> None:
         self.linker.flush(timeout=10)
