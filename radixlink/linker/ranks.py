@@ -1,4 +1,4 @@
-"""Rank agreement across tensor-parallel ranks: one MIN all-reduce primitive, three derived ops.
+"""Rank agreement across tensor-parallel ranks: one MIN all-reduce primitive and ops built on it.
 
 Owns the collectives the linker needs. Must not touch stores, the tree or restorable rules.
 """
