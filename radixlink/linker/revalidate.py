@@ -69,7 +69,7 @@ class Revalidation:
                 stored.append(node)
                 stamps.append(at)
             node = node.parent
-        if not stored:  # NOTE: the same on every rank: no collective is skipped on one only
+        if not stored:  # NOTE: the index is agreed (docs/linker.md, Ranks): skipped on all or none
             return
         limit = time.monotonic() - self.max_age_s
         local = self._check([item for item, at in zip(stored, stamps, strict=True)
