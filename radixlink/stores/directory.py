@@ -34,6 +34,11 @@ DEFAULT_MAX_PAGE = "64MiB"
 DEFAULT_MIN_FREE = "2%"
 TOUCH_AFTER_S = 600.0  # a read refreshes a page's mtime at most this often
 _SPACE_ERRORS = (errno.ENOSPC, errno.EDQUOT)
+# NOTE: unlink errors of one page name, not of the store: a directory there, or a file we may
+# not remove (a sticky or locked-down shard, another user's file), which another writer of
+# the directory put there. Counted and skipped; any other error (the root became a file, EIO)
+# is the store failing.
+_PAGE_UNLINK_ERRORS = (errno.EISDIR, errno.EPERM, errno.EACCES, errno.EBUSY)
 
 PARAMS = {
     "capacity": Param(
@@ -241,7 +246,7 @@ class DirectoryStore(Store):
             "read_only": self.read_only,
             "sealed": self.page_secret is not None,
             "old_layout_leaves": self._old_leaves,  # not yet moved (upgrade); misses
-            **index,  # the counters, then put_errors
+            **index,  # the counters, then put_errors and unlink_errors
         }
 
     def scan(self, prefix: str = "") -> Iterator[tuple[str, int]]:
@@ -304,5 +309,7 @@ class DirectoryStore(Store):
             except FileNotFoundError:
                 pass
             except OSError as exc:
-                raise unusable(self.root, "unlink", exc) from exc
+                if exc.errno not in _PAGE_UNLINK_ERRORS:
+                    raise unusable(self.root, "unlink", exc) from exc
+                self._index.count_unlink_error(exc.errno)
         return removed

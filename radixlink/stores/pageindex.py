@@ -43,6 +43,7 @@ class PageIndex:
         self._bytes = 0
         self._counts: Counter[str] = Counter()
         self._put_errors: Counter[str] = Counter()
+        self._unlink_errors: Counter[str] = Counter()
 
     def observe(self, keys: Sequence[str], sizes: Sequence[int | None], touch: bool) -> None:
         """Fold what a read saw on disk into the index (other processes add and evict)."""
@@ -119,14 +120,21 @@ class PageIndex:
             self._counts["put_failures"] += 1
             self._put_errors[errno.errorcode.get(code, "EUNKNOWN")] += 1
 
+    def count_unlink_error(self, code: int) -> None:
+        """Count a page file that could not be deleted (evicted or deleted all the same)."""
+        with self._lock:
+            self._unlink_errors[errno.errorcode.get(code, "EUNKNOWN")] += 1
+
     def stats(self) -> dict[str, Any]:
-        """``pages``, ``bytes``, each of ``COUNTERS``, then ``put_errors`` (errno name -> n)."""
+        """``pages``, ``bytes``, each of ``COUNTERS``, then ``put_errors`` and
+        ``unlink_errors`` (errno name -> n)."""
         with self._lock:
             return {
                 "pages": len(self._index),
                 "bytes": self._bytes,
                 **{name: self._counts[name] for name in COUNTERS},
                 "put_errors": dict(self._put_errors),
+                "unlink_errors": dict(self._unlink_errors),
             }
 
     def _set(self, key: str, size_: int) -> None:

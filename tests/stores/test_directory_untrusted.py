@@ -1,6 +1,7 @@
 """The directory store treats its files as untrusted input: a huge file under a page name is
 never read, a FIFO never blocks, symlinks are never followed (nor their targets touched), a
-full disk evicts and retries, and a free-space floor is kept (issue 14, item 6)."""
+directory under a page name is counted, not raised, a full disk evicts and retries, and a
+free-space floor is kept (issue 14, item 6; issue 44)."""
 
 from __future__ import annotations
 
@@ -108,6 +109,29 @@ def test_a_symlinked_shard_directory_is_neither_read_nor_written(tmp_path: Path)
     assert fresh.put({key(1): b"new"}) == [False]
     assert fresh.stats()["put_errors"] == {"ELOOP": 1}
     assert sorted(p.name for p in outside.iterdir()) == [outside_page.name]
+
+
+def test_a_directory_under_a_page_name_is_counted_not_raised(tmp_path: Path) -> None:
+    """Another writer of the directory (issue 44: a tenant without our secret) puts a directory
+    where our page was. It cannot be unlinked (EISDIR): eviction and delete count it and go
+    on, so a put still reports the page it stored and a delete still deletes its other keys;
+    a put to that name is a counted False; the name reads as no page. Both used to raise
+    StoreError (as for a root that vanished), the put after storing its page and the delete
+    before reaching its next key."""
+    store = DirectoryStore(tmp_path, capacity_bytes=3000)
+    assert store.put({key(i): bytes([i]) * 1000 for i in range(3)}) == [True] * 3
+    for i in (0, 1):
+        page = Path(store.path_of(key(i)))
+        page.unlink()
+        page.mkdir()  # NOTE: the attacker's; a real directory, not a page
+    assert store.put({key(3): b"d" * 1000}) == [True]  # evicts page 0: the directory
+    assert store.get([key(3)]) == [b"d" * 1000]
+    assert store.delete([key(1), key(2)]) == 1  # page 2 goes, page 1's name stays a directory
+    assert store.exists([key(i) for i in range(4)]) == [False, False, False, True]
+    assert store.put({key(1): b"x" * 1000}) == [False]
+    stats = store.stats()
+    assert stats["unlink_errors"] == {"EISDIR": 2} and stats["put_errors"] == {"EISDIR": 1}
+    assert Path(store.path_of(key(0))).is_dir() and Path(store.path_of(key(1))).is_dir()
 
 
 def test_get_into_applies_every_rule_within_one_batch(tmp_path: Path) -> None:
