@@ -3,9 +3,12 @@
 scheduler side, worker-role connectors over CPU KV tensors, and a stand-in forward pass.
 
 The forward pass writes, for every scheduled token, KV that depends on the token's whole
-prefix, its layer and its TP rank (``expected_kv``), and before writing it checks that the KV
-every scheduled token would attend to equals that function: so a page loaded into the wrong
-block, from the wrong rank or layer, or a corrupt page that slipped through, fails the test.
+prefix, its layer and its TP rank (``expected_kv``), then checks that the KV every scheduled
+token attends to equals that function: so a page loaded into the wrong block, from the wrong
+rank or layer, or a corrupt page that slipped through, fails the test. As in a real forward,
+every request of the step writes before any attends: a request admitted with a vLLM
+prefix-cache hit on blocks another request of the same step computes reads them after they
+were written (checking requests one by one reported wrong KV for that case).
 """
 
 from __future__ import annotations
@@ -200,8 +203,7 @@ class Node:
         for rank, worker in enumerate(self.workers):
             worker.bind_connector_metadata(out.kv_connector_metadata)
             worker.start_load_kv(None)  # type: ignore[arg-type]
-            for req_id, start, count in runs:
-                self._forward(rank, req_id, start, count)
+            self._forward(rank, runs)
             worker.wait_for_save()
             results = worker.get_transfer_results(out.finished_req_ids)
             kv_out = release_dataclass(
@@ -264,26 +266,38 @@ class Node:
                  for i, req_id in enumerate(cached.req_ids)]  # fmt: skip
         return runs
 
-    def _forward(self, rank: int, req_id: str, start: int, count: int) -> None:
-        """Check the KV the scheduled tokens attend to, then write theirs."""
-        request = self.scheduler.requests[req_id]
-        tokens = request.all_token_ids[: start + count]
-        codes = prefix_codes(tokens)
-        tables = self.scheduler.kv_cache_manager.get_block_ids(req_id)
+    def _forward(self, rank: int, runs: list[tuple[str, int, int]]) -> None:
+        """The step's forward on ``rank``: every run writes its tokens' KV, then every run's
+        tokens are checked against what they attend to (``[low, start + count)``: the cached
+        prefix, or the window's part of it, and the step's own tokens, which also catches two
+        runs writing one slot with different KV)."""
+        tables = self.scheduler.kv_cache_manager.get_block_ids
+        work = []
+        for req_id, start, count in runs:
+            tokens = self.scheduler.requests[req_id].all_token_ids[: start + count]
+            work.append((req_id, start, prefix_codes(tokens), tables(req_id)))
+        for _, start, codes, table in work:
+            for gid, names in enumerate(self._groups()):
+                for name in names:
+                    kv = expected_kv(codes[start:], self._layer_number(name), rank)
+                    _write(self.kv[rank][name], table[gid], start, kv)
+        for req_id, start, codes, table in work:
+            self._check(rank, req_id, start, codes, table)
+
+    def _check(self, rank: int, req_id: str, start: int, codes: torch.Tensor,
+               table: Sequence[Sequence[int]]) -> None:  # fmt: skip
         for gid, names in enumerate(self._groups()):
             low = 0 if gid == 0 else max(0, start - WINDOW + 1)
             for layer_index, name in enumerate(names):
-                layer = self._layer_number(name)
-                cache = self.kv[rank][name]
-                if start > low:
-                    got = _read(cache, tables[gid], low, start)
-                    want = expected_kv(codes[low:start], layer, rank)
-                    assert torch.equal(got, want), (
-                        f"{req_id}: KV of tokens {low}..{start} (group {gid}, {name}, rank "
-                        f"{rank}) differs from what the storing node computed"
-                    )
-                    self.checked_tokens += start - low if layer_index == 0 else 0
-                _write(cache, tables[gid], start, expected_kv(codes[start:], layer, rank))
+                got = _read(self.kv[rank][name], table[gid], low, len(codes))
+                want = expected_kv(codes[low:], self._layer_number(name), rank)
+                if not torch.equal(got, want):
+                    bad = low + int((got != want).flatten(1).any(1).nonzero()[0])
+                    raise AssertionError(
+                        f"{req_id}: KV of token {bad} (attended tokens {low}..{len(codes)}, "
+                        f"computed from {start}; group {gid}, {name}, rank {rank}) differs "
+                        "from what the storing node computed")  # fmt: skip
+                self.checked_tokens += start - low if layer_index == 0 else 0
 
     def _groups(self) -> list[tuple[str, ...]]:
         return [FULL_LAYERS, SWA_LAYERS] if self.hybrid else [FULL_LAYERS]
