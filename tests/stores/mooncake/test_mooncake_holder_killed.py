@@ -42,11 +42,14 @@ def _tasks() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def _store_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("radixlink-mooncake")]
+def _new_threads(before: set[threading.Thread]) -> list[str]:
+    """Python threads started since ``before`` and still running (a store's pool and close
+    threads; earlier tests' stores may still be closing theirs)."""
+    return [t.name for t in threading.enumerate() if t not in before and t.is_alive()]
 
 
-def _eventually(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
+def _eventually(check: Callable[[], bool], timeout_s: float = 20.0,
+                state: Callable[[], object] = lambda: "") -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -54,18 +57,19 @@ def _eventually(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
                 return
         except StoreError:
             pass
-        assert time.monotonic() < deadline, "not within the time given"
+        assert time.monotonic() < deadline, f"not within {timeout_s}s: {state()}"
         time.sleep(0.2)
 
 
-def _baseline(cluster: MooncakeCluster) -> int:
-    """OS threads once one client has come and gone (the wheel keeps about ten for the
-    process's life, started by the first client)."""
+def _baseline(cluster: MooncakeCluster) -> tuple[set[threading.Thread], int]:
+    """The Python threads and the number of OS threads once one client has come and gone (the
+    wheel keeps about ten for the process's life, started by its first client)."""
+    before = set(threading.enumerate())
     with open_store(cluster.url()) as warm:
         warm.exists([key(0)])
-    _eventually(lambda: not _store_threads())
+    _eventually(lambda: not _new_threads(before), state=lambda: _new_threads(before))
     time.sleep(0.5)
-    return _tasks()
+    return set(threading.enumerate()), _tasks()
 
 
 def _kill_holder_during(cluster: MooncakeCluster, call: Callable[[], Any]) -> tuple[Any, float]:
@@ -91,7 +95,8 @@ def _kill_holder_during(cluster: MooncakeCluster, call: Callable[[], Any]) -> tu
     return out["result"], out["seconds"]
 
 
-def _leaves_nothing(store: Any, cluster: MooncakeCluster, baseline: int) -> None:
+def _leaves_nothing(store: Any, cluster: MooncakeCluster,
+                    baseline: tuple[set[threading.Thread], int]) -> None:
     """The staging is free again (a get needs it), the store takes and serves pages once a
     new holder is up, and close ends every thread the store started."""
     c = codec(PAGE)
@@ -102,7 +107,9 @@ def _leaves_nothing(store: Any, cluster: MooncakeCluster, baseline: int) -> None
 
     assert store.get([key(99)]) == [page]
     store.close()
-    _eventually(lambda: not _store_threads() and _tasks() <= baseline + WHEEL_THREADS)
+    threads, tasks = baseline
+    _eventually(lambda: not _new_threads(threads) and _tasks() <= tasks + WHEEL_THREADS,
+                state=lambda: (_new_threads(threads), _tasks(), tasks))
 
 
 def test_holder_killed_during_a_get(cluster: MooncakeCluster) -> None:
