@@ -21,7 +21,7 @@ import pytest
 from gloo_ranks import RANK_PROLOGUE, python_command, run_gloo_ranks
 
 from faults.kit import MODEL_NS, TOKENS, assert_exact, make_cache, request
-from faults.ranks_fuzz import RecordingGroup
+from faults.recording_ranks import RecordingGroup
 from radixlink.linker.core import ExternalCacheLinker
 from radixlink.linker.ranks import RankGroup, run_ranks
 from radixlink.stores.base import Store
