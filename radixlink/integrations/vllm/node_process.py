@@ -39,6 +39,10 @@ def _build(spec: dict[str, Any]) -> Any:
         from vllm.config import KVTransferConfig
 
         kwargs["kv_transfer_config"] = KVTransferConfig(**spec["kv_transfer_config"])
+    if spec.get("kv_events_config") is not None:
+        from vllm.config import KVEventsConfig
+
+        kwargs["kv_events_config"] = KVEventsConfig(**spec["kv_events_config"])
     return LLM(**kwargs)
 
 

@@ -65,6 +65,7 @@ class NodeSpec:
         enforce_eager: no torch.compile (a start takes far less; both runs of a comparison
             use the same setting).
         kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE``.
+        kv_events_config: vLLM's ``KVEventsConfig`` fields (``--kv-events-config``), or None.
         env: more environment variables for the process.
     """
 
@@ -79,6 +80,7 @@ class NodeSpec:
     block_size: int | None = None
     num_gpu_blocks_override: int | None = None
     kv_cache_gib: int = 1
+    kv_events_config: dict[str, Any] | None = None
     env: dict[str, str] = field(default_factory=dict)
 
 
