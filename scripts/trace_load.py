@@ -1,75 +1,174 @@
-"""How wide one LOAD and one OFFLOAD are: radixlink files and functions entered, by a
-``sys.setprofile`` trace (every thread, so the store worker counts too).
+"""What a maintainer feels following one LOAD or OFFLOAD: a ``sys.setprofile`` trace of every
+radixlink function entered (every thread, so the store worker counts too), and from it
 
-The scenario of issue #23: a ``memory://`` store; node A offloads a 64-token prompt
+- files / functions entered, and the lines of their bodies (each distinct function once);
+- forwarders: functions entered whose body (its docstring aside) is one call statement;
+- bounces: calls into a file already on that thread's radixlink call stack, from another
+  file (the reader jumps back into a file it left), counted once per (caller, callee);
+- tree matches: ``RadixTree.match`` calls (the same tokens matched again), tree walks
+  (``RadixTree._walk``: matches and inserts), and locks taken (``LockTable.lock``).
+
+The scenarios (issue #23's): a ``memory://`` store; node A offloads a 64-token prompt
 (``write_through``); node B, holding a 16-token device prefix, loads the rest through the
-public API (match + LOOKUP -> load -> wait_load -> unlock). The same for a FULL+SWA+MAMBA
-cache. Usage::
+public API (match + LOOKUP -> load -> wait_load -> unlock). The same for a FULL+SWA+MAMBA cache.
+A scenario is a function in ``SCENARIOS`` (more paths, e.g. an engine's, are added there, and
+skipped where their imports fail). It measures the ``radixlink`` it imports: run it with
+``PYTHONPATH=<a checkout>`` to measure another commit. Usage::
 
-    python scripts/trace_load.py            # a table
-    python scripts/trace_load.py --json     # one JSON object
-    python scripts/trace_load.py --files    # and the files each scenario entered
+    python scripts/trace_load.py                 # a table
+    python scripts/trace_load.py --json          # one JSON object
+    python scripts/trace_load.py --files         # and the files each scenario entered
+    python scripts/trace_load.py --markdown      # the table as docs/linker.md embeds it
+    python scripts/trace_load.py --write-doc docs/linker.md   # replace the embedded table
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import functools
 import json
+import re
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+import radixlink
 from radixlink import CacheConfig, ExternalCacheLinker, InsertParams, UnifiedCache
 from radixlink.contract import PoolName
 from radixlink.hashing import Namespace
 from radixlink.memory.layout import KVLayout, StateLayout
 from radixlink.stores.memory import MemoryStore
 
-PACKAGE = str(Path(__file__).resolve().parents[1] / "radixlink")
+PACKAGE = str(Path(radixlink.__file__).resolve().parent)
+ROOT = Path(PACKAGE).parent
 PS = 4
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, dtype=torch.float32, page_size=PS)
 STATE = StateLayout(shapes=((2, 3), (4,)), dtype=torch.float32)
 PROMPT = list(range(1000, 1064))  # 64 tokens
 DEVICE_PREFIX = 16
+COUNTED = {"matches": "RadixTree.match", "walks": "RadixTree._walk", "locks": "LockTable.lock"}
+BEGIN, END = "<!-- trace_load: begin -->", "<!-- trace_load: end -->"
+
+Key = tuple[str, int, str]  # (file, first line, qualified name) of one function
 
 
-class Calls:
-    """The radixlink functions entered while ``active``, on any thread. Installed once, before
-    any linker starts its worker threads (Python 3.11 cannot profile running threads)."""
+@dataclass
+class Run:
+    """What one traced block entered."""
+
+    functions: set[Key] = field(default_factory=set)
+    calls: Counter[str] = field(default_factory=Counter)  # qualified name -> calls
+    bounces: set[tuple[Key, Key]] = field(default_factory=set)  # (caller, callee)
+
+
+class Tracer:
+    """The profile function: records into ``run`` while one is set, on any thread. Installed
+    once, before any linker starts its worker threads (Python 3.11 cannot profile running
+    threads). Each thread keeps its stack of radixlink frames (for bounces)."""
 
     def __init__(self) -> None:
-        self.functions: set[tuple[str, int, str]] = set()
-        self.active = False
+        self.run: Run | None = None
+        self._stacks: dict[int, list[tuple[Any, str, Key]]] = {}
 
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
-        if self.active and event == "call":
-            code = frame.f_code
-            if code.co_filename.startswith(PACKAGE):
-                self.functions.add((code.co_filename, code.co_firstlineno, code.co_name))
+        run = self.run
+        if run is None or event not in ("call", "return"):
+            return
+        code = frame.f_code
+        if not code.co_filename.startswith(PACKAGE):
+            return
+        stack = self._stacks.setdefault(threading.get_ident(), [])
+        if event == "return":
+            if stack and stack[-1][0] is frame:
+                stack.pop()
+            return
+        key = (code.co_filename, code.co_firstlineno, code.co_qualname)
+        run.functions.add(key)
+        run.calls[code.co_qualname] += 1
+        if stack:
+            top = stack[-1][1]
+            if top != code.co_filename and any(f == code.co_filename for _, f, _ in stack):
+                run.bounces.add((stack[-1][2], key))
+        stack.append((frame, code.co_filename, key))
 
-    def files(self) -> list[str]:
-        return sorted({Path(f).relative_to(Path(PACKAGE).parent).as_posix()
-                       for f, _, _ in self.functions})
+    @contextmanager
+    def traced(self) -> Iterator[Run]:
+        """Record what runs inside the block (the worker threads included)."""
+        self._stacks = {}
+        self.run = run = Run()
+        try:
+            yield run
+        finally:
+            self.run = None
 
 
-PROFILER = Calls()
+TRACER = Tracer()
+
+# ---------------------------------------------------------------- reading the functions
 
 
-@contextmanager
-def traced() -> Iterator[Calls]:
-    """Record what runs inside the block (the worker threads included)."""
-    PROFILER.functions = set()
-    PROFILER.active = True
-    try:
-        yield PROFILER
-    finally:
-        PROFILER.active = False
-        PROFILER.functions = set(PROFILER.functions)
+@functools.cache
+def _defs(path: str) -> dict[int, ast.AST]:
+    """The function definitions of a file, by the line their code object starts at (the first
+    decorator's, else the ``def``'s)."""
+    out: dict[int, ast.AST] = {}
+    for node in ast.walk(ast.parse(Path(path).read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            out[first] = node
+        elif isinstance(node, ast.Lambda):
+            out.setdefault(node.lineno, node)
+    return out
+
+
+def body_lines(key: Key) -> int:
+    """Source lines of the function, from its ``def`` to its last line (a lambda: 1)."""
+    node = _defs(key[0]).get(key[1])
+    if node is None or isinstance(node, ast.Lambda):
+        return 1
+    return node.end_lineno - node.lineno + 1  # type: ignore[attr-defined,no-any-return]
+
+
+def is_forwarder(key: Key) -> bool:
+    """The body (docstring aside) is one call statement, returned or not."""
+    node = _defs(key[0]).get(key[1])
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]
+    return (len(body) == 1 and isinstance(body[0], (ast.Return, ast.Expr))
+            and isinstance(body[0].value, ast.Call))
+
+
+def _rel(path: str) -> str:
+    return Path(path).relative_to(ROOT).as_posix()
+
+
+def measure(run: Run) -> dict[str, Any]:
+    """The numbers of one run (see the module docstring)."""
+    files = sorted({_rel(f) for f, _, _ in run.functions})
+    return {
+        "files": len(files),
+        "functions": len(run.functions),
+        "lines": sum(map(body_lines, run.functions)),
+        "forwarders": sorted(f"{_rel(k[0])}:{k[2]}" for k in run.functions if is_forwarder(k)),
+        "bounces": sorted(f"{_rel(a[0])}:{a[2]} -> {_rel(b[0])}:{b[2]}" for a, b in run.bounces),
+        **{name: run.calls[qualname] for name, qualname in COUNTED.items()},
+        "entered": files,
+    }
+
+# ---------------------------------------------------------------- the tree scenarios
 
 
 def make_cache(kind: str) -> UnifiedCache:
@@ -113,7 +212,8 @@ def load(cache: UnifiedCache, linker: ExternalCacheLinker) -> int:
     return out.prefix_len
 
 
-def scenario(kind: str) -> dict[str, Any]:
+def tree_paths(kind: str) -> dict[str, Run]:
+    """One OFFLOAD (node A) and one LOAD (node B) through the tree's linker."""
     store = MemoryStore()
     a_cache = make_cache(kind)
     a = ExternalCacheLinker(a_cache, store)
@@ -123,48 +223,103 @@ def scenario(kind: str) -> dict[str, Any]:
     # warm up: the first call of anything imports and builds; trace a second prompt's paths
     compute(a_cache, [7] * 64)
     assert a.flush(timeout=30)
-    with traced() as offload:
+    time.sleep(0.01)  # NOTE: past the batch window, so the traced offload goes out at once
+    with TRACER.traced() as offload:
         compute(a_cache, PROMPT)
         assert a.flush(timeout=30)
-        offload_calls = set(offload.functions)
-    with traced() as loading:
+    with TRACER.traced() as loading:
         prefix = load(b_cache, b)
-        load_calls = set(loading.functions)
     assert prefix == len(PROMPT), prefix
     a.close()
     b.close()
-    return {"load": load_calls, "offload": offload_calls}
+    return {"load": loading, "offload": offload}
+
+
+@functools.cache
+def _tree(kind: str) -> dict[str, Run]:
+    return tree_paths(kind)
+
+
+# label -> a function returning that path's run; an engine's path (the SGLang linker, the vLLM
+# worker, through their venvs) is one more entry, its imports inside the function
+SCENARIOS: dict[str, Callable[[], Run]] = {
+    "FULL LOAD": lambda: _tree("full")["load"],
+    "FULL OFFLOAD": lambda: _tree("full")["offload"],
+    "FULL+SWA+MAMBA LOAD": lambda: _tree("swa+mamba")["load"],
+}
+
+# ---------------------------------------------------------------- output
+
+COLUMNS = (("files", "files"), ("functions", "functions"), ("lines", "lines read"),
+           ("forwarders", "forwarders"), ("bounces", "bounces"), ("matches", "tree matches"),
+           ("walks", "tree walks"), ("locks", "locks"))
+
+
+def _cell(value: Any) -> str:
+    return str(len(value)) if isinstance(value, list) else f"{value:,}"
+
+
+def markdown(rows: dict[str, dict[str, Any]]) -> str:
+    """The table docs/linker.md embeds between its ``trace_load`` markers."""
+    lines = ["| path | " + " | ".join(title for _, title in COLUMNS) + " |",
+             "|---|" + "---:|" * len(COLUMNS)]
+    for label, row in rows.items():
+        lines.append(f"| {label} | " + " | ".join(_cell(row[k]) for k, _ in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def write_doc(path: Path, table: str) -> None:
+    """Replace what stands between the markers in ``path`` with ``table``."""
+    text = path.read_text()
+    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"{path} has no {BEGIN} ... {END} block")
+    path.write_text(pattern.sub(lambda _: f"{BEGIN}\n{table}\n{END}", text))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--files", action="store_true", help="list the files entered")
+    parser.add_argument("--markdown", action="store_true", help="print a markdown table")
+    parser.add_argument("--write-doc", type=Path, metavar="PATH",
+                        help="replace the table between the trace_load markers of PATH")
     args = parser.parse_args(argv)
-    threading.setprofile(PROFILER)
-    sys.setprofile(PROFILER)
+    threading.setprofile(TRACER)
+    sys.setprofile(TRACER)
     rows: dict[str, dict[str, Any]] = {}
-    runs: dict[str, Calls] = {}
-    for label, kind, which in (("FULL LOAD", "full", "load"), ("FULL OFFLOAD", "full", "offload"),
-                               ("FULL+SWA+MAMBA LOAD", "swa+mamba", "load")):
-        calls = Calls()
-        calls.functions = scenario(kind)[which]
-        runs[label] = calls
-        rows[label] = {"files": len(calls.files()), "functions": len(calls.functions)}
+    for label, scenario in SCENARIOS.items():
+        try:
+            rows[label] = measure(scenario())
+        except ImportError as exc:  # an engine's path outside its venv
+            print(f"skipped {label}: {exc}", file=sys.stderr)
+    sys.setprofile(None)
+    threading.setprofile(None)  # type: ignore[arg-type]
+    if args.write_doc:
+        write_doc(args.write_doc, markdown(rows))
     if args.json:
-        out: dict[str, Any] = {k: dict(v) for k, v in rows.items()}
-        if args.files:
-            for label, calls in runs.items():
-                out[label]["entered"] = calls.files()
-        print(json.dumps(out, indent=2))
+        out = {label: {k: v for k, v in row.items() if args.files or k != "entered"}
+               for label, row in rows.items()}
+        print(json.dumps({"radixlink": PACKAGE, "paths": out}, indent=2))
         return 0
-    print(f"{'scenario':<22}{'files':>7}{'functions':>11}")
+    if args.markdown:
+        print(markdown(rows))
+        return 0
+    print(f"radixlink: {PACKAGE}")
+    print(f"{'path':<22}" + "".join(f"{title:>14}" for _, title in COLUMNS))
     for label, row in rows.items():
-        print(f"{label:<22}{row['files']:>7}{row['functions']:>11}")
-    if args.files:
-        for label, calls in runs.items():
-            print(f"\n{label}:\n  " + "\n  ".join(calls.files()))
+        print(f"{label:<22}" + "".join(f"{_cell(row[k]):>14}" for k, _ in COLUMNS))
+    for label, row in rows.items():
+        if row["forwarders"] or row["bounces"]:
+            print(f"\n{label}:")
+            for name in row["forwarders"]:
+                print(f"  forwarder  {name}")
+            for name in row["bounces"]:
+                print(f"  bounce     {name}")
+        if args.files:
+            print(f"\n{label} entered:\n  " + "\n  ".join(row["entered"]))
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())
