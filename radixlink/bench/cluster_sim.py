@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -347,9 +347,4 @@ def simulate(requests: Sequence[TimedRequest], hashes: Sequence[Sequence[str]],
     if len(hashes) != len(requests):
         raise ValueError(f"{len(hashes)} hash lists for {len(requests)} requests")
     return _Run(requests, hashes, cfg).run()
-
-
-def with_policy(cfg: ClusterConfig, policy: str, node_loads: str) -> ClusterConfig:
-    """``cfg`` for another policy and node load mode."""
-    return replace(cfg, policy=policy, node_loads=node_loads)
 

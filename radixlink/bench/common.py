@@ -36,27 +36,11 @@ def parse_tokens(text: str) -> int | None:
     return value
 
 
-def best_of(fn: Callable[[], object], repeat: int = 5, number: int = 1) -> float:
-    """Seconds per call of ``fn``: the best of ``repeat`` rounds of ``number`` calls each.
-
-    One untimed call warms up first (allocator caches, lazy init).
-    """
-    if repeat <= 0 or number <= 0:
-        raise ValueError(f"repeat={repeat} and number={number} must be positive")
-    fn()
-    best = math.inf
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        best = min(best, (time.perf_counter() - start) / number)
-    return best
-
-
 def best_of_interleaved(
     cases: Mapping[str, Callable[[], object]], repeat: int = 5, number: int = 1
 ) -> dict[str, float]:
-    """Like ``best_of`` for several cases, run round by round so load spikes hit all alike."""
+    """Seconds per call of each case: the best of ``repeat`` rounds of ``number`` calls, run
+    round by round so load spikes hit all alike (one untimed call of each warms up first)."""
     if repeat <= 0 or number <= 0:
         raise ValueError(f"repeat={repeat} and number={number} must be positive")
     for fn in cases.values():

@@ -68,14 +68,6 @@ class PageOwnership:
         part = slots[start:end:step]
         return part.numel() > 0 and bool(self._owned[part // self.page_size].any())
 
-    def all_owned(self, slots: torch.Tensor) -> bool:
-        """Whether every page of the whole-page runs ``slots`` is tree-owned (heads only)."""
-        if self._np is not None:
-            owned = self._np[slots.numpy()[:: self.page_size] // self.page_size]
-            return np.count_nonzero(owned) == owned.shape[0]
-        part = slots[:: self.page_size]
-        return bool(self._owned[part // self.page_size].all()) if part.numel() else True
-
     def pages_owned(self, pages: np.ndarray) -> np.ndarray:
         """Per page id of ``pages`` (host int64, each in ``0..num_pages``): whether the tree
         owns it, as a host bool array (input checks: no torch dispatch on CPU). Ids outside

@@ -144,9 +144,6 @@ class LoadTable:
     def transfers(self) -> list[Transfer]:
         return list(self._transfers.values())
 
-    def is_load(self, job_id: int) -> bool:
-        return job_id in self._transfers
-
     # ---------------------------------------------------------------- outcomes
 
     def put(self, outcome: LoadOutcome) -> None:

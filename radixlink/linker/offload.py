@@ -98,9 +98,6 @@ class Offloader:
         self.revalidation = Revalidation(ranks, parts.guard, self.stored, self._page_keys,
                                          config.revalidate_after_s, self._stats)
 
-    def jobs(self) -> list[int]:
-        return list(self._tickets)
-
     # ---------------------------------------------------------------- triggers
 
     def on_insert(self, params: InsertParams, result: Any) -> None:

@@ -99,10 +99,6 @@ class MooncakeOptions:
     timeout_s: float
     secret: bytes | None
 
-    @property
-    def master_host(self) -> str:
-        return self.master.rpartition(":")[0]
-
     def setup_args(self) -> tuple[Any, ...]:
         """The seven positional arguments of ``MooncakeDistributedStore.setup``."""
         return (self.advertise, self.metadata, self.segment_bytes, self.buffer_bytes,

@@ -121,14 +121,6 @@ class TreeNode:
         """Absolute token offset where this node's key begins."""
         return self.seq_len - (len(self.key) >> 2)
 
-    @property
-    def is_root(self) -> bool:
-        return self.parent is None and self.seq_len == 0
-
-    @property
-    def is_leaf(self) -> bool:
-        return not self.children
-
     def __repr__(self) -> str:
         return (
             f"TreeNode(id={self.node_id}, tokens=[{self.start}, {self.seq_len}), "
@@ -175,9 +167,6 @@ class Effects:
         self.dropped: list[list[Any]] = list(map(list, repeat((), num_components)))
         self.freed: list[list[Any]] = list(map(list, repeat((), num_components)))
         self.num_freed = [0] * num_components
-
-    def is_empty(self) -> bool:
-        return not any(self.adopted) and not any(self.dropped) and not any(self.freed)
 
 
 class MatchPath:
