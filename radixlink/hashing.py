@@ -1,8 +1,9 @@
-"""Deterministic, versioned page-chain hashes and cache namespaces (DESIGN.md section 6).
+"""Deterministic, versioned page-chain hashes and cache namespaces (DESIGN.md section 6), and
+the one token packer (``token_bytes``: the hash input, and the tree's keys).
 
-Owns the byte layout of page hashes and namespace seeds (spec: docs/hashing.md). Imports nothing
-else from radixlink but its memo (``seedmemo``); torch is only looked at if the caller already
-imported it.
+Owns the byte layout of tokens, page hashes and namespace seeds (spec: docs/hashing.md).
+Imports nothing else from radixlink but its memo (``seedmemo``); torch is only looked at if the
+caller already imported it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ NAMESPACE_TAG = b"radixlink.namespace\x00"
 _NAMESPACE_ID_LEN = 16
 _CHUNK_PAGES = 512
 _MAX_U32 = 0xFFFFFFFF
+_BIG_ENDIAN = sys.byteorder == "big"
+assert array.array("I").itemsize == 4, "array('I') is not 4 bytes on this platform"
 _NamespaceLike = Any  # None | Namespace | tuple[str, ...] | list[str]
 
 
@@ -308,6 +311,21 @@ def _parse_parent(parent: str, algo: str) -> bytes:
     return raw
 
 
+def token_bytes(tokens: Any) -> bytes:
+    """``tokens`` packed as uint32 little-endian bytes: the page-hash input (docs/hashing.md)
+    and the tree's keys. Takes what ``page_hashes`` takes.
+
+    Raises:
+        ValueError: naming the offending value, dtype or type.
+    """
+    if type(tokens) is list:  # NOTE: every match and insert: converted and checked in C
+        return _pack(tokens).tobytes()
+    arr = _token_array(tokens)
+    if not _in_range(arr):
+        raise _range_error(arr)
+    return arr.astype("<u4", copy=False).tobytes()
+
+
 def _token_array(tokens: Any) -> np.ndarray:
     """``tokens`` as a 1-D integer array; lists are range-checked here, arrays later."""
     torch = sys.modules.get("torch")
@@ -321,18 +339,23 @@ def _token_array(tokens: Any) -> np.ndarray:
         raise ValueError(f"tokens must be a sequence of ints, got {type(tokens).__name__}")
     if not isinstance(tokens, Sequence):
         tokens = list(tokens)
+    return np.frombuffer(_pack(tokens), dtype="<u4")
+
+
+def _pack(tokens: Sequence[Any]) -> array.array:
+    """A sequence of ints as a little-endian uint32 ``array``, range-checked."""
     # NOTE: only the first element is checked for bool: a full scan costs more than hashing.
     if len(tokens) and isinstance(tokens[0], (bool, np.bool_)):
         raise ValueError(f"tokens must be ints, got bool {tokens[0]!r} at index 0")
     try:
-        # NOTE: array('I') converts and range-checks in C, ~5x faster than np.asarray(list).
+        # NOTE: array('I') converts and range-checks in C without building an argument tuple:
+        # ~5x faster than np.asarray(list), ~10% faster than struct.pack(*tokens).
         packed = array.array("I", tokens)
     except (TypeError, OverflowError):
         raise _bad_token(tokens) from None
-    assert packed.itemsize == 4, f"array('I') has itemsize {packed.itemsize} on this platform"
-    if sys.byteorder == "big":
+    if _BIG_ENDIAN:
         packed.byteswap()
-    return np.frombuffer(packed, dtype="<u4")
+    return packed
 
 
 def _check_array(arr: np.ndarray) -> np.ndarray:

@@ -1,7 +1,7 @@
 """The radix tree core: structure, walk, locks and eviction order. Re-exports only."""
 
+from radixlink.hashing import token_bytes
 from radixlink.tree.invariants import check_tree
-from radixlink.tree.keys import token_bytes
 from radixlink.tree.lru import EvictableSet
 from radixlink.tree.node import Effects, InsertContext, LockHandle, MatchPath, NodeId, TreeNode
 from radixlink.tree.protocol import Component
