@@ -37,7 +37,8 @@ from radixlink.kvevents import KVEventQueue
 from radixlink.memory.allocator import tensor_device
 from radixlink.tree.invariants import check_tree
 from radixlink.tree.keys import KeyPacker
-from radixlink.tree.node import LockHandle, TreeNode
+from radixlink.tree.locks import LockHandle
+from radixlink.tree.node import TreeNode
 from radixlink.tree.tree import RadixTree
 
 # What the cache and its tree call on an attached linker (``page_hashes_for`` is optional).

@@ -14,7 +14,8 @@ from radixlink.components.assembly import build_memory
 from radixlink.config import CacheConfig
 from radixlink.contract import InsertParams, InsertResult, MatchResult, PoolName
 from radixlink.tree.keys import token_bytes
-from radixlink.tree.node import LockHandle, TreeNode
+from radixlink.tree.locks import LockHandle
+from radixlink.tree.node import TreeNode
 
 
 class NoPrefixCache:

@@ -2,8 +2,9 @@
 
 from radixlink.hashing import token_bytes
 from radixlink.tree.invariants import check_tree
+from radixlink.tree.locks import LockHandle
 from radixlink.tree.lru import EvictableSet
-from radixlink.tree.node import Effects, InsertContext, LockHandle, MatchPath, NodeId, TreeNode
+from radixlink.tree.node import Effects, InsertContext, MatchPath, NodeId, TreeNode
 from radixlink.tree.protocol import Component
 from radixlink.tree.tree import RadixTree
 

@@ -1,5 +1,6 @@
-"""``LockTable``: the lock receipts of one tree: taking every component's lock on a node,
-giving it back exactly once, and the receipts still held (for invariant checks).
+"""Locks of one tree: the receipt (``LockHandle``) and the ``LockTable`` that hands them out:
+taking every component's lock on a node, giving it back exactly once, and the receipts still
+held (for invariant checks).
 
 Owns the receipts only. The components own what a lock protects (``Component.lock``); the
 tree says which roots are its own.
@@ -8,9 +9,31 @@ tree says which roots are its own.
 from __future__ import annotations
 
 from collections.abc import Container, Sequence
+from typing import Any
 
-from radixlink.tree.node import LockHandle, TreeNode
+from radixlink.tree.node import TreeNode
 from radixlink.tree.protocol import Component
+
+
+class LockHandle:
+    """A receipt for one ``lock``; ``unlock`` takes it back exactly once.
+
+    ``parts`` holds each component's own receipt (e.g. which window an SWA lock covered).
+    A handle on a root is valid and protects nothing.
+    """
+
+    __slots__ = ("node", "parts", "owner", "handle_id", "released")
+
+    def __init__(self, node: TreeNode, parts: tuple[Any, ...], owner: object, handle_id: int):
+        self.node = node
+        self.parts = parts
+        self.owner = owner
+        self.handle_id = handle_id
+        self.released = False
+
+    def __repr__(self) -> str:
+        state = "released" if self.released else "held"
+        return f"LockHandle(id={self.handle_id}, node={self.node.node_id}, {state})"
 
 
 class LockTable:

@@ -1,5 +1,6 @@
 """Tree records: the node (its store marks are views on the tree's stored index,
-``stored.StoredPages``), the lock receipt, and the effect/context records of one tree call.
+``stored.StoredPages``) and the effect/context records of one tree call (the lock receipt is
+``locks.LockHandle``).
 
 Owns plain data only. Behaviour lives in tree.py (structure) and in the components (data).
 """
@@ -126,27 +127,6 @@ class TreeNode:
             f"TreeNode(id={self.node_id}, tokens=[{self.start}, {self.seq_len}), "
             f"children={len(self.children)}, locks={self.lock_refs})"
         )
-
-
-class LockHandle:
-    """A receipt for one ``lock``; ``unlock`` takes it back exactly once.
-
-    ``parts`` holds each component's own receipt (e.g. which window an SWA lock covered).
-    A handle on a root is valid and protects nothing.
-    """
-
-    __slots__ = ("node", "parts", "owner", "handle_id", "released")
-
-    def __init__(self, node: TreeNode, parts: tuple[Any, ...], owner: object, handle_id: int):
-        self.node = node
-        self.parts = parts
-        self.owner = owner
-        self.handle_id = handle_id
-        self.released = False
-
-    def __repr__(self) -> str:
-        state = "released" if self.released else "held"
-        return f"LockHandle(id={self.handle_id}, node={self.node.node_id}, {state})"
 
 
 class Effects:

@@ -16,8 +16,8 @@ from radixlink.contract import InsertParams, InsertResult
 from radixlink.hashing import namespace_id
 from radixlink.tree.hashes import leaf_hashes
 from radixlink.tree.keys import TOKEN_BYTES, common_prefix_bytes
-from radixlink.tree.locks import LockTable
-from radixlink.tree.node import Effects, InsertContext, LockHandle, MatchPath, TreeNode
+from radixlink.tree.locks import LockHandle, LockTable
+from radixlink.tree.node import Effects, InsertContext, MatchPath, TreeNode
 from radixlink.tree.protocol import Component, TreeObserver
 from radixlink.tree.stored import StoredPages
 

@@ -21,7 +21,7 @@ from radixlink.cache import UnifiedCache
 from radixlink.config import CacheConfig
 from radixlink.contract import ComponentType, InsertParams
 from radixlink.tree.keys import key_tokens
-from radixlink.tree.node import LockHandle
+from radixlink.tree.locks import LockHandle
 
 FULL = ComponentType.FULL
 Prefix = tuple[int, ...]
