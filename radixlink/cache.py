@@ -41,7 +41,7 @@ from radixlink.tree.locks import LockHandle
 from radixlink.tree.node import TreeNode
 from radixlink.tree.tree import RadixTree
 
-# What the cache and its tree call on an attached linker (``page_hashes_for`` is optional).
+# What the cache and its tree call on an attached linker.
 _LINKER_HOOKS = ("lookup", "on_insert", "before_evict")
 
 
@@ -88,7 +88,8 @@ class UnifiedCache:
         self.hybrid = HybridSlots(self.tree, parts.full, parts.swa, parts.mamba, self.device,
                                   self._eviction.make_room)
         self._linker: Any = None
-        self._hashes_for: Any = None  # the linker's page_hashes_for(key, namespace), if any
+        # NOTE: hashes a lookup computed and handed down to the tree, for the served insert
+        self._hashes_for = self.tree.hash_memo.hashes_for
         self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
         self._packer = KeyPacker()
         self._counters = {"match_calls": 0, "match_tokens": 0, "hit_tokens": 0,
@@ -263,9 +264,9 @@ class UnifiedCache:
         if params.namespace is not None:  # the tree keys roots by the layered namespace
             namespace = params.namespace if resolved else self._resolve_namespace(params.namespace)
             tree_params = dataclasses.replace(params, namespace=self._tree_namespace(namespace))
-        # NOTE: a publish brings its lookup's hashes; a served insert asks the linker for those
-        # a recent lookup computed for these tokens.
-        known = page_hashes if not hit or self._hashes_for is None else \
+        # NOTE: a publish brings its lookup's hashes; a served insert takes those a recent
+        # lookup of these tokens handed down to the tree (with a linker attached).
+        known = page_hashes if not hit or self._linker is None else \
             self._hashes_for(key, namespace)
         # NOTE: the linker's publish (the one non-hit insert) must name exactly the locked
         # prefix: the tree compares value[:prev_prefix_len] with its slots there, once a load.
@@ -341,8 +342,8 @@ class UnifiedCache:
         calls ``linker.lookup(result, key, req_id, namespace)``, ``insert`` calls
         ``linker.on_insert(params, result)``, and the tree tells the linker (its
         ``TreeObserver``) about splits and, before eviction frees any of a node's data, the
-        node while that data is intact. A linker with ``page_hashes_for(key, namespace)``
-        hands inserts the page hashes it already computed (``(first page, hashes)`` or None).
+        node while that data is intact. A lookup hands the page hashes it computed down to the
+        tree (``tree.hash_memo``), and the insert of the same tokens takes them from there.
 
         Raises:
             ValueError: the cache was built without ``enable_external_cache_linker`` (no page
@@ -360,7 +361,6 @@ class UnifiedCache:
             raise ValueError("a linker is already attached to this cache; close it first")
         self._linker = linker
         self.tree.observer = linker
-        self._hashes_for = getattr(linker, "page_hashes_for", None)  # optional: hash reuse
 
     def detach_linker(self, linker: Any) -> None:
         """Undo ``attach_linker`` (the linker's ``close`` calls it).
@@ -372,5 +372,4 @@ class UnifiedCache:
             raise ValueError(f"{linker!r} is not the linker attached to this cache")
         self._linker = None
         self.tree.observer = None
-        self._hashes_for = None
 

@@ -106,17 +106,12 @@ class ExternalCacheLinker:
 
     # ---------------------------------------------------------------- the cache's calls
 
-    def page_hashes_for(self, key: bytes, namespace: Any) -> tuple[int, list[str]] | None:
-        """Page hashes a recent lookup computed for ``key`` (packed uint32 tokens) in the
-        resolved ``namespace``: ``(first page, hashes)``, or None. The cache's insert hands
-        them to the tree so a page is hashed once from lookup to insert."""
-        return self._loader.page_hashes.hashes_for(key, namespace)
-
     def lookup(self, result: MatchResult, key: bytes, req_id: Any, namespace: Any = None) -> None:
         """Fill ``result.external_hit_len`` for the device-uncached whole pages of ``key``
         (packed uint32 tokens, in the resolved ``namespace``) and remember what
         ``load(req_id)`` should fetch. Called by ``cache.match_prefix``; a failed, slow or
-        skipped store is a miss (counted), never an exception."""
+        skipped store is a miss (counted), never an exception. The tail's page hashes go down
+        to the tree (``tree.hash_memo``) for the insert of the same tokens."""
         self._loader.lookup(result, key, req_id, namespace)
 
     def on_insert(self, params: InsertParams, result: Any) -> None:

@@ -22,7 +22,7 @@ from radixlink.contract import MatchResult
 from radixlink.cost import Source
 from radixlink.linker.jobs import load_job
 from radixlink.linker.loads import LoadTable, Member, Transfer
-from radixlink.linker.lookup import Lookup, PageHashMemo, RememberedLookups, find_restorable
+from radixlink.linker.lookup import Lookup, RememberedLookups, find_restorable
 from radixlink.linker.offload import Offloader
 from radixlink.linker.outcomes import Landing, LoadOutcome
 from radixlink.linker.parts import LinkerParts
@@ -47,7 +47,6 @@ class Loader:
         # NOTE: with several ranks an age bound would drop a lookup on one rank only.
         ttl = config.lookup_ttl_s if self.world_size == 1 else None
         self.lookups = RememberedLookups(config.max_lookups, config.max_lookup_bytes, ttl)
-        self.page_hashes = PageHashMemo(parts.page_size)
         self.loads = LoadTable()
         self._progress: dict[int, LayerProgress] = {}  # load job -> its landing progress
         self.closed = False
@@ -56,7 +55,7 @@ class Loader:
 
     def lookup(self, result: MatchResult, key: bytes, req_id: Any, namespace: Any) -> None:
         """Fill ``result.external_hit_len`` and remember what ``load(req_id)`` fetches."""
-        found = find_restorable(self.parts, self.page_hashes, result, key, namespace)
+        found = find_restorable(self.parts, result, key, namespace)
         self.stats["lookups"] += 1
         result.external_hit_len = 0 if found is None else len(found.keys) * self.parts.page_size
         if found is not None:
@@ -276,7 +275,7 @@ class Loader:
 
     def gauges(self) -> dict[str, int]:
         out = {**self.loads.stats(), **self.lookups.stats()}
-        out["hash_reuses"] = self.page_hashes.hits
+        out["hash_reuses"] = self.parts.hash_memo.hits
         return out
 
 

@@ -1,7 +1,7 @@
 """LOOKUP: what a lookup found (``Lookup``), hashes of a request's device-uncached tail, which
 prefix lengths the store can restore (through the one pure rule in ``restorable.py``), the
-bounded memory of lookups that ``load()`` may still claim, and the memo of page hashes a
-lookup computed (``PageHashMemo``).
+bounded memory of lookups that ``load()`` may still claim. The tail's page hashes go down into
+the tree's ``PageHashMemo`` for the insert of the same tokens.
 
 Owns no tree state; reads the tree only through a ``MatchResult`` and component hooks, and
 the linker only through its explicit ``LinkerParts``. Store presence comes through the parts'
@@ -11,7 +11,7 @@ the linker only through its explicit ``LinkerParts``. Store presence comes throu
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -93,12 +93,12 @@ def forget_absent(stored: Any, transfers: list[PoolTransfer], exists: list[bool]
             stored.discard(transfer.name, [h for h, hit in zip(transfer.keys, found) if not hit])
 
 
-def find_restorable(parts: LinkerParts, memo: PageHashMemo, result: MatchResult, key: bytes,
+def find_restorable(parts: LinkerParts, result: MatchResult, key: bytes,
                     namespace: Any) -> Lookup | None:
     """What the store can restore after the device match ``result`` of ``key`` (packed uint32
     tokens) in the resolved ``namespace``, agreed across ranks (a collective when there are
-    whole pages to look up), or None. The tail's hashes go into ``memo`` for the insert of
-    the same tokens that follows.
+    whole pages to look up), or None. The tail's hashes go into the tree's memo
+    (``parts.hash_memo``) for the insert of the same tokens that follows.
     """
     ps, prefix = parts.page_size, result.prefix_len
     tokens = np.frombuffer(key, dtype="<u4")
@@ -110,7 +110,7 @@ def find_restorable(parts: LinkerParts, memo: PageHashMemo, result: MatchResult,
     keys = continue_chain(tokens[prefix : len(tokens) // ps * ps], ps, parts.cache.config.hash_algo,
                           namespace, after)
     # NOTE: the insert of these tokens that follows reuses the hashes (hashed once per page)
-    memo.remember(namespace, key, prefix // ps, keys)
+    parts.hash_memo.remember(namespace, key, prefix // ps, keys)
     pages = restorable_pages(parts, keys, namespace)
     common = pages if parts.world_size == 1 else parts.ranks.intersect(pages, num_pages)
     if parts.cost_model is None:  # NOTE: no model: the largest, as worth_loading says
@@ -215,46 +215,3 @@ class RememberedLookups:
     def stats(self) -> dict[str, int]:
         return {"lookups_remembered": len(self._items), "lookup_bytes_remembered": self._bytes,
                 "lookups_dropped": self.num_dropped}
-
-
-_MAX_ENTRIES = 8
-
-
-class PageHashMemo:
-    """Recent lookups' chained page hashes, found again by the tokens they cover.
-
-    An entry says: in ``namespace``, the pages ``[first, first + len(hashes))`` of the packed
-    uint32 ``key`` have chain hashes ``hashes``. Since a chain hash depends only on the
-    namespace and the tokens up to its page, those hashes are right for any other key that
-    shares those tokens (checked with one ``startswith`` per entry, newest first).
-    """
-
-    def __init__(self, page_size: int, max_entries: int = _MAX_ENTRIES):
-        self.page_bytes = page_size * 4
-        self._entries: deque[tuple[Any, bytes, int, list[str]]] = deque(maxlen=max_entries)
-        self.hits = 0
-
-    def remember(self, namespace: Any, key: bytes, first: int, hashes: list[str]) -> None:
-        """Remember the hashes of pages ``first..`` of ``key`` (packed uint32 tokens)."""
-        if hashes:
-            covered = (first + len(hashes)) * self.page_bytes
-            self._entries.append((namespace, key[:covered], first, hashes))
-
-    def hashes_for(self, key: bytes, namespace: Any) -> tuple[int, list[str]] | None:
-        """Precomputed hashes for ``key``: ``(first page, hashes)`` covering a run of its
-        pages, or None. Only pages where ``key`` and a remembered key agree are covered."""
-        for ns, known, first, hashes in reversed(self._entries):
-            if ns != namespace:
-                continue
-            if key.startswith(known):
-                self.hits += 1
-                return first, hashes
-            if known.startswith(key):  # a shorter key: the pages it has
-                usable = len(key) // self.page_bytes - first
-                if usable > 0:
-                    self.hits += 1
-                    return first, hashes[:usable]
-        return None
-
-    def clear(self) -> None:
-        self._entries.clear()

@@ -25,6 +25,7 @@ from radixlink.memory.pools import MambaStatePool
 from radixlink.metrics import LatencyHistogram
 from radixlink.stores.base import Store
 from radixlink.stores.pageio import Codec, PageKeys, make_codec
+from radixlink.tree.hashes import PageHashMemo
 from radixlink.tree.stored import StoredPages
 
 
@@ -96,7 +97,8 @@ class LinkerStats:
 @dataclass(slots=True, eq=False, kw_only=True)
 class LinkerParts:
     """The shared parts of one linker (see the module docstring). ``stats`` is
-    ``metrics.counters``; ``stored`` is the cache tree's stored index."""
+    ``metrics.counters``; ``stored`` is the cache tree's stored index, ``hash_memo`` its memo of
+    the page hashes lookups computed (both fed by the linker, read by the tree)."""
 
     cache: Any
     config: LinkerConfig
@@ -108,6 +110,7 @@ class LinkerParts:
     arena: StagingArena
     metrics: LinkerStats
     stored: StoredPages
+    hash_memo: PageHashMemo
     cost_model: EstimateTracker | None
     page_size: int
     bytes_per_token: int
@@ -183,6 +186,7 @@ def build_parts(cache: Any, store: Store, ranks: RankGroup, config: LinkerConfig
         cache=cache, config=config, store=store,
         guard=StoreGuard(store, CircuitBreaker(config.breaker)), ranks=ranks, worker=worker,
         jobs=Completions(worker, ranks), arena=arena, metrics=LinkerStats(), stored=stored,
+        hash_memo=cache.tree.hash_memo,
         cost_model=cost_model, page_size=cache.page_size,
         bytes_per_token=_kv_bytes_per_token(cache), world_size=ranks.world_size,
         windows={c.pool_name: c.window_pages for c in cache.components if c.window_pages > 0})

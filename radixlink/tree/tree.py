@@ -14,7 +14,7 @@ import torch
 
 from radixlink.contract import InsertParams, InsertResult
 from radixlink.hashing import namespace_id
-from radixlink.tree.hashes import leaf_hashes
+from radixlink.tree.hashes import PageHashMemo, leaf_hashes
 from radixlink.tree.keys import TOKEN_BYTES, common_prefix_bytes
 from radixlink.tree.locks import LockHandle, LockTable
 from radixlink.tree.node import Effects, InsertContext, MatchPath, TreeNode
@@ -59,6 +59,8 @@ class RadixTree:
         self.observer: TreeObserver | None = None
         # Which pages the store holds (the nodes' store marks are views on it, by page hash).
         self.stored = StoredPages()
+        # Page hashes a linker's lookup computed, for the insert of the same tokens.
+        self.hash_memo = PageHashMemo(page_size)
         self.kv_events: Any = None  # a KVEventQueue: device STORED / REMOVED per node
         self._next_id = 0
         self._root_ids: set[int] = set()
