@@ -18,7 +18,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -130,8 +130,8 @@ class StoreEvents:
             pending = self._pending
             for g in job.groups:
                 for h in g.hashes:
-                    if h in by_hash:
-                        pending[(g.group_id, h)] = by_hash[h]
+                    if h in by_hash:  # NOTE: a record per group: each counts its own ranks
+                        pending[(g.group_id, h)] = replace(by_hash[h])
                         pending.move_to_end((g.group_id, h))
             while len(pending) > MAX_PENDING:
                 pending.popitem(last=False)
@@ -272,9 +272,9 @@ class StoreEvents:
         for gid, hashes, at in spans:
             gone.setdefault(gid, set()).update(
                 h for h, ok in zip(hashes, present[at : at + len(hashes)]) if not ok)
-        for gid, hashes in gone.items():
-            if hashes:
-                self._removed(gid, sorted(hashes))
+        for gid, lost in gone.items():
+            if lost:
+                self._removed(gid, sorted(lost))
 
 
 def _external(block_hash: bytes) -> Any:

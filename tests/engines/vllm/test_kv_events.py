@@ -230,3 +230,38 @@ def test_no_events_config_no_reports(nodes, model_dir, file_url):
     assert node.workers[0].worker.reports is None
     assert node.workers[0].get_kv_connector_kv_cache_events() is None
     assert list(node.connector.take_events()) == []
+
+
+@pytest.mark.parametrize(("url", "locality"), [
+    ("file:///srv/kv", "LOCAL"), ("memory://?capacity=1GiB", "LOCAL"),
+    ("redis://cache:6379/0", "REMOTE"), ("redis+cluster://cache:7000", "REMOTE"),
+    ("tiered://?front=memory%3A%2F%2F&back=redis%3A%2F%2Fcache%3A6379%2F0", "REMOTE"),
+    ("faults://?inner=file%3A%2F%2F%2Fsrv%2Fkv&delay_ms=1", "LOCAL"),
+])  # fmt: skip
+def test_locality_follows_the_store_behind_wrappers(url, locality):
+    """vLLM's locality: network stores REMOTE, a directory or memory LOCAL; tiered:// and
+    faults:// answer for the store behind them."""
+    assert events_module.store_locality(url) == locality
+
+
+def test_hybrid_groups_count_their_own_ranks(nodes, model_dir, file_url):
+    """A hybrid (full + sliding-window) node at TP=2: a page's full-attention part is announced
+    only once both ranks reported it, whatever the sliding-window group's reports say."""
+    node, _ = _node(nodes, model_dir, file_url, hybrid=True, tp_size=2)
+    events = node.connector.scheduler_side.events
+    req = node.add("h", _prompt(77, 40))
+    keys = node.connector.scheduler_side.page_keys(req, 2)[:2]  # group 0's two pages
+    names = tuple(parse_key(k).page_hash for k in keys)
+    hashes = [_as_event_hash(h) for h in names]
+    from radixlink.integrations.vllm.metadata import GroupPages, PageJob
+
+    job = PageJob(req_id="h", groups=tuple(GroupPages(group_id=g, block_ids=(1, 2), hashes=names)
+                                           for g in (0, 1)))  # fmt: skip
+    events.note(req, job, 0, names)
+    events.absorb(RadixlinkKVEvents([StoreReport(0, True, 0, names),
+                                     StoreReport(1, True, 1, names)]))
+    assert events.take() == []  # each group has one rank of two
+    events.absorb(RadixlinkKVEvents([StoreReport(1, True, 0, names)]))
+    (event,) = events.take()
+    assert event.group_idx == 0
+    assert [hash_hex(h) for h in event.block_hashes] == hashes
