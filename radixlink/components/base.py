@@ -7,7 +7,7 @@ DESIGN.md section 3. Concrete components (full.py, swa.py, mamba.py) override ho
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
@@ -62,18 +62,23 @@ class SlotAllocator(Protocol):
 
 @dataclass(slots=True, kw_only=True)
 class ComponentLoad:
-    """One component's part of one store load: ``prepare_load`` returns it, ``commit_load`` or
-    ``abort_load`` takes it back (the typed form of DESIGN.md's PREPARE / COMMIT / ABORT).
+    """One component's part of one store load: ``prepare_load`` returns it (LOAD + PREPARE), the
+    publishing insert takes its slots, or ``abort_load`` takes it back (the typed form of
+    DESIGN.md's PREPARE / ABORT; COMMIT has nothing left to do: the insert adopted or freed
+    every reserved slot).
 
     Attributes:
         transfer: the pool's keys and the device slots reserved for them (held until then).
         prefix_len: tokens on device before the loaded tail.
         full: the backbone's reserved slots for the whole tail (FULL: its own transfer).
+        insert: the ``InsertParams`` fields the publishing insert takes from this load (SWA:
+            ``swa_evicted_seqlen``; MAMBA: ``mamba_value``), set by PREPARE.
     """
 
     transfer: PoolTransfer
     prefix_len: int
     full: PoolTransfer
+    insert: dict[str, Any] = field(default_factory=dict)
 
     @property
     def slots(self) -> torch.Tensor:
@@ -93,8 +98,9 @@ class TreeComponent:
     * checks: ``check_node``, ``check``;
     * facade: ``fill_match`` (its part of a ``MatchResult``), ``apply`` (slot decisions of an
       ``Effects`` record), ``check_accounting``, ``stats``;
-    * linker: ``prepare_load`` / ``commit_load`` / ``abort_load`` over a ``ComponentLoad``, and
-      the two DESIGN.md hooks as adapters over them.
+    * linker: ``prepare_load`` / ``abort_load`` over a ``ComponentLoad``, and the two DESIGN.md
+      hooks as adapters over them; a load's pool is ``pool_name`` (its hit policy
+      ``hit_policy``, its trailing pages ``window_pages``) when ``takes_part_in_loads``.
 
     A component stores its data in ``node.values[self.index]`` (None = tombstone) and its lock
     count in ``node.lock_refs[self.index]``; index 0 is the backbone. Components may read
@@ -216,30 +222,25 @@ class TreeComponent:
 
     # ---------------------------------------------------------------- linker (DESIGN.md 3)
     #
-    # The typed load protocol, what linker/phases.py calls: ``prepare_load`` returns this
-    # component's ``ComponentLoad``, ``commit_load`` / ``abort_load`` take it back. The two
-    # DESIGN.md hooks below are thin adapters over the same steps. Components override the
-    # private steps (``_offload_transfer``, ``_reserve_load``, ``_map_load``) and ``abort_load``.
+    # The typed load protocol, what the linker's loader calls: ``prepare_load`` returns this
+    # component's ``ComponentLoad``, the publishing insert takes its slots (and its ``insert``
+    # fields), ``abort_load`` takes it back. The two DESIGN.md hooks below are thin adapters over
+    # the same steps. Components override the private steps (``_offload_transfer``,
+    # ``_reserve_load``, ``_map_load``) and ``abort_load``.
 
-    def prepare_load(self, keys: list[str], req: Any) -> ComponentLoad | None:
-        """LOAD + PREPARE: reserve device slots for the tail pages ``keys`` (evicting when
-        short) and set this component's mappings; None, holding nothing, when it cannot.
-
-        ``req`` is the load's ``Reservation``: its ``prefix_len``, the backbone's prepared
-        ``full`` transfer (FULL prepares first) and ``swa_evicted_seqlen``, which PREPARE may
-        raise."""
+    def prepare_load(self, keys: list[str], prefix_len: int,
+                     full: PoolTransfer | None) -> ComponentLoad | None:
+        """LOAD + PREPARE: reserve device slots for the tail pages ``keys`` after ``prefix_len``
+        device tokens (evicting when short) and set this component's mappings; None, holding
+        nothing, when it cannot. ``full`` is the backbone's prepared transfer (None: this is
+        the backbone, which prepares first)."""
         transfer = self._reserve_load(keys)
         if transfer is None:
             return None
-        full = req.full
-        load = ComponentLoad(transfer=transfer, prefix_len=req.prefix_len,
+        load = ComponentLoad(transfer=transfer, prefix_len=prefix_len,
                              full=transfer if full is None else full)
-        self._map_load(load, req)
+        load.insert = self._map_load(load)
         return load
-
-    def commit_load(self, load: ComponentLoad, result: InsertResult) -> None:
-        """After the publishing insert, which already adopted or freed every slot ``load``
-        reserved (``result.adopted_ranges`` says which). Nothing is left to do by default."""
 
     def abort_load(self, load: ComponentLoad) -> None:
         """The load failed before publishing: release every slot and mapping ``load`` holds."""
@@ -252,8 +253,10 @@ class TreeComponent:
         """LOAD: fresh held slots for the tail pages ``keys`` (evicting when short), or None."""
         return None
 
-    def _map_load(self, load: ComponentLoad, req: Any) -> None:
-        """PREPARE: set the mappings of ``load``'s slots before data lands (default: none)."""
+    def _map_load(self, load: ComponentLoad) -> dict[str, Any]:
+        """PREPARE: set the mappings of ``load``'s slots before data lands; returns the
+        ``InsertParams`` fields the publishing insert takes from this load (default: none)."""
+        return {}
 
     def build_external_linker_transfer(
         self, phase: LinkerTransferPhase, node: TreeNode | None, keys: list[str]
@@ -284,18 +287,21 @@ class TreeComponent:
         insert_result: InsertResult | None = None,
     ) -> PoolTransfer | None:
         """Advance a load of this component (an adapter over the typed steps): PREPARE (set
-        mappings before data lands), COMMIT (after the publishing insert, which already adopted
-        or freed every reserved slot), ABORT (release what LOAD reserved; returns None)."""
+        mappings before data lands, and the insert fields the load brings on ``req``, the
+        engine's request record, where it has them), COMMIT (after the publishing insert,
+        which already adopted or freed every reserved slot: nothing to do), ABORT (release
+        what LOAD reserved; returns None)."""
         if transfer is None or transfer.device_indices is None:
             return transfer
         load = ComponentLoad(transfer=transfer, prefix_len=prefix_len,
                              full=transfer if full_transfer is None else full_transfer)
         if phase is ExternalLinkerLoadPhase.PREPARE:
-            self._map_load(load, req)
+            for name, value in self._map_load(load).items():
+                if hasattr(req, name):
+                    setattr(req, name, value)
         elif phase is ExternalLinkerLoadPhase.ABORT:
             self.abort_load(load)
             return None
         else:
             assert insert_result is not None, "COMMIT needs the insert's result"
-            self.commit_load(load, insert_result)
         return transfer

@@ -235,6 +235,10 @@ class MambaComponent(SideComponent):
                             device_indices=torch.tensor([slot], dtype=torch.int64),
                             hit_policy=PoolHitPolicy.TRAILING_PAGES)
 
+    def _map_load(self, load: ComponentLoad) -> dict[str, Any]:
+        """The publishing insert takes the reserved slot as its ``mamba_value``."""
+        return {"mamba_value": int(load.slots.reshape(-1)[0])}
+
     def abort_load(self, load: ComponentLoad) -> None:
         """Free the reserved slot (never inserted: ABORT comes only before publishing)."""
         slot = int(load.slots.reshape(-1)[0])

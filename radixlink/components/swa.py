@@ -315,8 +315,8 @@ class SWAComponent(SideComponent):
     def _reserve_load(self, keys: list[str]) -> PoolTransfer | None:
         return self._linker.reserve(keys)
 
-    def _map_load(self, load: ComponentLoad, req: Any) -> None:
-        self._linker.map(load, req)
+    def _map_load(self, load: ComponentLoad) -> dict[str, Any]:
+        return self._linker.map(load)
 
     def abort_load(self, load: ComponentLoad) -> None:
         self._linker.release(load)

@@ -72,14 +72,13 @@ class SWALinker:
         return PoolTransfer(name=PoolName.SWA, keys=list(keys[-num:]), device_indices=slots,
                             hit_policy=_TRAILING)
 
-    def map(self, load: ComponentLoad, req: Any) -> None:
-        """PREPARE: map the tail's last full pages to the reserved SWA pages and raise
-        ``req.swa_evicted_seqlen`` to where they start (the insert keeps only those; it then
+    def map(self, load: ComponentLoad) -> dict[str, Any]:
+        """PREPARE: map the tail's last full pages to the reserved SWA pages; the publishing
+        insert takes ``swa_evicted_seqlen`` = where they start (it keeps only those; it then
         keeps, heals with or drops every mapped page, exactly once: COMMIT has nothing to do)."""
         swa, full = load.slots, _full_slots(load)
         self.allocator.set_full_to_swa_mapping(full[full.shape[0] - swa.shape[0] :], swa)
-        start = load.prefix_len + full.shape[0] - swa.shape[0]
-        req.swa_evicted_seqlen = max(req.swa_evicted_seqlen, start)
+        return {"swa_evicted_seqlen": load.prefix_len + full.shape[0] - swa.shape[0]}
 
     def release(self, load: ComponentLoad) -> None:
         """ABORT: free the reserved SWA pages and their mappings."""

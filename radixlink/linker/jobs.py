@@ -2,8 +2,9 @@
 slots per pool, its ``LayerProgress``) and an offload batch's (the queued pages the store is
 not known to hold, gathered into one staging buffer).
 
-Owns the batch records, the choice of pages and the pool byte adapters (page ids, gather into
-staging, land from it). Must not touch the tree: it reads the transfers the component hooks
+Owns the batch records, the choice of pages and the moves between pools and staging, through
+the pools' one byte-I/O protocol (``memory.pools.PagePool``: page ids, gather, stage, scatter),
+whatever a pool holds. Must not touch the tree: it reads the transfers the component hooks
 built.
 """
 
@@ -20,7 +21,7 @@ from radixlink.contract import PoolName, PoolTransfer
 from radixlink.linker.progress import LayerProgress
 from radixlink.linker.worker import Job, PoolPages, TransferKind
 from radixlink.memory.host import StagingArena
-from radixlink.memory.pools import KVPool, MambaStatePool
+from radixlink.memory.pools import PagePool
 from radixlink.stores.frames import Frames
 from radixlink.stores.pageio import Codec, PageKeys, stage_pages
 from radixlink.tree.stored import StoredPages
@@ -39,7 +40,7 @@ class PoolPart:
         self.pool = pool
         self.keys: list[str] = []
         self.hashes: list[Sequence[str]] = []
-        self.parts: list[Any] = []  # page ids (KV) or one state slot each (MAMBA)
+        self.parts: list[Any] = []  # page ids (``pool.page_ids``), one array per transfer
 
 
 class Batch:
@@ -110,21 +111,18 @@ def offload_job(parts: dict[PoolName, PoolPart], cache: Any, codec_of: CodecOf,
     return Job(kind=TransferKind.OFFLOAD, pools=pools, staging=staging, ready=ready), ready
 
 
-def load_job(transfers: list[PoolTransfer | None], cache: Any, codec_of: CodecOf,
+def load_job(transfers: list[PoolTransfer], cache: Any, codec_of: CodecOf,
              keyspace: PageKeys, namespace: Any, arena: StagingArena) -> Job:
     """The worker job of a load: per pool its keys (``keyspace``'s, in the lookup's resolved
     ``namespace``), codec, staging frames and a writer into the reserved slots; on CUDA its
     own stream; a ``LayerProgress`` for layer-wise engines."""
-    parts: list[PoolTransfer] = []
     wanted = []
     for t in transfers:
-        if t is not None:
-            parts.append(t)
-            wanted.append((codec_of(t.name), keyspace.keys(t.name, namespace, t.keys)))
+        wanted.append((codec_of(t.name), keyspace.keys(t.name, namespace, t.keys)))
     staging, staged = stage_pages(arena, wanted)
     pools = []
     layers: dict[PoolName, int] = {}
-    for t, part in zip(parts, staged):
+    for t, part in zip(transfers, staged):
         land, layers[t.name] = pool_lander(cache.pool(t.name), t, part.frames)
         pools.append(PoolPages(name=t.name, keys=part.keys, codec=part.codec,
                                frames=part.frames, land=land, num_layers=layers[t.name]))
@@ -137,35 +135,18 @@ def load_job(transfers: list[PoolTransfer | None], cache: Any, codec_of: CodecOf
 
 def _add_pages(part: PoolPart, slots: Any, todo: list[int] | None) -> None:
     """Append where the pages ``todo`` (None: all) of one transfer live to ``part``."""
-    pool = part.pool
-    if isinstance(pool, MambaStatePool):
-        part.parts.append(slots.reshape(-1)[:1])  # NOTE: one state, keyed by the last page
-        return
-    pages = page_ids(slots, pool.page_size)
+    pages = part.pool.page_ids(slots)
     if todo is not None:
         pages = pages[todo if isinstance(pages, np.ndarray) else
                       torch.tensor(todo, dtype=torch.int64, device=pages.device)]
     part.parts.append(pages)
 
 
-def page_ids(slots: torch.Tensor, page_size: int) -> Any:
-    """Page ids of whole-page slot runs the tree handed out (no checks: the tree's own): a
-    numpy array for CPU slots (cheaper to index with), else a tensor on their device."""
-    if slots.device.type == "cpu":
-        return slots.numpy()[::page_size] // page_size
-    return slots[::page_size].div(page_size, rounding_mode="floor")
-
-
-def gather_pages(pool: Any, parts: list[Any], frames: Frames) -> None:
-    """Copy pages out of ``pool`` into the payloads of ``frames``: ``parts`` are page-id
-    tensors (KV, SWA) or one-slot tensors (MAMBA), in frame order. On CUDA the copy is only
-    queued on the current stream."""
+def gather_pages(pool: PagePool, parts: list[Any], frames: Frames) -> None:
+    """Copy pages out of ``pool`` into the payloads of ``frames``: ``parts`` are page ids
+    (``pool.page_ids``), in frame order. On CUDA the copy is only queued on the current
+    stream."""
     payloads = frames.payloads()
-    if isinstance(pool, MambaStatePool):
-        for row, slot in enumerate(parts):
-            pool.read_state(int(slot.reshape(-1)[0]), out=payloads[row])
-        return
-    assert isinstance(pool, KVPool), f"no page adapter for {type(pool).__name__}"
     if len(parts) == 1:
         pool.gather(parts[0], payloads)
     elif isinstance(parts[0], np.ndarray):
@@ -174,19 +155,14 @@ def gather_pages(pool: Any, parts: list[Any], frames: Frames) -> None:
         pool.gather(torch.cat(parts), payloads)
 
 
-def pool_lander(pool: Any, transfer: PoolTransfer,
+def pool_lander(pool: PagePool, transfer: PoolTransfer,
                 frames: Frames) -> tuple[Callable[[int | None], None], int]:
     """A function writing the verified payloads of ``frames`` into the transfer's reserved
     slots (one layer, or all with None; called on a worker thread: the slots are reserved,
     nobody else uses them), and the pool's layer count (0: it lands whole)."""
     slots = transfer.device_indices
     assert slots is not None, f"LOAD transfer of {transfer.name} has no device slots"
-    payloads = frames.payloads()
-    if isinstance(pool, MambaStatePool):
-        slot = int(slots.reshape(-1)[0])
-        return (lambda layer: pool.write_state(slot, payloads[0])), 0
-    assert isinstance(pool, KVPool), f"no page adapter for {type(pool).__name__}"
-    pages = page_ids(slots, pool.page_size)
+    pages, payloads = pool.page_ids(slots), frames.payloads()
     staged: list[torch.Tensor] = []
 
     def land(layer: int | None) -> None:
@@ -194,4 +170,4 @@ def pool_lander(pool: Any, transfer: PoolTransfer,
             staged.append(pool.stage(payloads))
         pool.scatter(pages, staged[0], layer)
 
-    return land, pool.layout.num_layers
+    return land, pool.land_layers

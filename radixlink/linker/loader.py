@@ -1,24 +1,29 @@
-"""The loader: LOOKUP, LOAD (prepare, transfer, verify, publish, commit or abort), landing,
-cancellation, waiting and completion processing (DESIGN.md section 5b, "Load").
+"""The loader: LOOKUP, LOAD (reserve: lock + PREPARE, transfer, verify, publish or ABORT),
+landing, cancellation, waiting and completion processing (DESIGN.md section 5b, "Load"), and a
+load's ``Reservation``.
 
 Owns the load lifecycle: what a lookup found (``RememberedLookups``), loads in flight
-(``LoadTable``), what a finished transfer becomes (published and committed, or ABORTed) and
-the ``LoadOutcome`` / ``Landing`` records (``outcomes.py``) each member gets.
-Built from the linker's ``LinkerParts`` and the ``Offloader`` (which owns offload completions
-and the stored index's marks); never reaches the ``ExternalCacheLinker`` facade. Reaches the
-tree only through the cache's public facade (``match_prefix(touch=False)``, ``insert_loaded`` via
-``publish``, ``lock`` / ``unlock``) and the components' linker hooks.
+(``LoadTable``), what PREPARE took (``Reservation``: one ``ComponentLoad`` per component), what
+a finished transfer becomes (published, or ABORTed) and the ``LoadOutcome`` / ``Landing``
+records (``outcomes.py``) each member gets. Built from the linker's ``LinkerParts`` and the
+``Offloader`` (which owns offload completions and the stored index's marks); never reaches the
+``ExternalCacheLinker`` facade. Reaches the tree only through the cache's public facade
+(``match_prefix(touch=False)``, ``insert_loaded``, ``lock`` / ``unlock``) and the components'
+typed load steps (``prepare_load`` / ``abort_load``), never naming a component type.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from radixlink.checks import check_req_id, check_seconds
-from radixlink.contract import MatchResult
+from radixlink.components.base import ComponentLoad
+from radixlink.contract import InsertParams, MatchResult, PoolTransfer
 from radixlink.cost import Source
 from radixlink.linker.jobs import load_job
 from radixlink.linker.loads import LoadTable, Member, Transfer
@@ -26,9 +31,56 @@ from radixlink.linker.lookup import Lookup, RememberedLookups, find_restorable
 from radixlink.linker.offload import Offloader
 from radixlink.linker.outcomes import Landing, LoadOutcome
 from radixlink.linker.parts import LinkerParts
-from radixlink.linker.phases import lock_device_prefix, publish, release, reserve
 from radixlink.linker.progress import LayerProgress
 from radixlink.linker.worker import Completion, TransferStatus
+
+logger = logging.getLogger(__name__)
+
+
+class ShortRestore(ValueError):
+    """The publish restored less than the load brought (a component published a short window
+    or no state): the load fails, loudly. The insert already took every reserved slot, so
+    there is nothing left to ABORT."""
+
+
+@dataclass(slots=True, kw_only=True)
+class Reservation:
+    """What PREPARE took for one transfer, and what publish will insert.
+
+    ::
+
+        tokens     |------ device prefix (locked) ------|------- loaded tail -------|
+        slots      |  device_slots: the tree's own      |  loads[0] (FULL)         |
+                   0                               prefix_len                  len(tokens)
+
+    Attributes:
+        lookup: the lookup this load serves (tokens, keys, namespace).
+        device_slots: the tree's full slots of ``[0, prefix_len)`` at PREPARE, protected by
+            ``handle`` until publish or abort: publish inserts exactly these, never a new match.
+        handle: the reservation's own lock on the device prefix (not any member's).
+        loads: per component, its ``ComponentLoad`` (None where it takes no part); emptied by
+            ABORT, or by a short publish (the insert took every reserved slot then).
+    """
+
+    lookup: Lookup
+    device_slots: torch.Tensor
+    handle: Any
+    loads: list[ComponentLoad | None] = field(default_factory=list)
+
+    @property
+    def prefix_len(self) -> int:
+        return self.lookup.prefix_len
+
+    @property
+    def transfers(self) -> list[PoolTransfer]:
+        """The transfers the loads land in: what the worker fills and the stored marks cover."""
+        return [load.transfer for load in self.loads if load is not None]
+
+    @property
+    def full(self) -> PoolTransfer | None:
+        """The backbone's transfer (the first component taking part prepares first)."""
+        return next((load.transfer for load in self.loads if load is not None), None)
+
 
 
 class Loader:
@@ -224,13 +276,12 @@ class Loader:
             # must agree: its marks decide revalidation's collective and the write policy's
             # offloads), so every rank writes them again
             for t in reservation.transfers:
-                if t is not None:
                     self.parts.stored.discard(t.name, t.keys)
         reason = "" if ok else failure_reason(done, transfer, self.closed)
         match = None
         if ok:
             try:
-                match = publish(cache, cache.components, reservation)
+                match = publish(cache, reservation)
             except ValueError as exc:  # the insert refused before changing anything
                 ok, reason = False, f"publish refused: {exc}"
                 stats["failures_publish"] += 1
@@ -246,8 +297,7 @@ class Loader:
         # node starting below the loaded tail also holds device pages nobody checked)
         now, stored = time.monotonic(), self.parts.stored
         for part in reservation.transfers:
-            if part is not None:
-                stored.add(part.name, part.keys, at=now)
+            stored.add(part.name, part.keys, at=now)
         model = self.parts.cost_model
         if model is not None:
             model.observe_load(Source.STORE, done.num_bytes, done.seconds)
@@ -332,3 +382,96 @@ def landing(member: Member, progress: LayerProgress | None) -> Landing | None:
                    loaded_len=len(lookup.tokens) - lookup.prefix_len,
                    device_indices=torch.cat([reservation.device_slots, full.device_indices]),
                    progress=progress)
+
+
+# ---------------------------------------------------------------- the steps of one load
+
+
+def lock_device_prefix(cache: Any, lookup: Lookup) -> tuple[Any, torch.Tensor] | None:
+    """Lock the lookup's device prefix and check it is still exactly servable (its window and
+    state too): the lock and the tree's slots there, or None (evicted or shortened since the
+    match: the lookup is stale and nothing is held)."""
+    try:
+        handle = cache.lock(lookup.last_node)
+    except ValueError:
+        return None
+    now = cache.match_prefix(lookup.tokens[: lookup.prefix_len], namespace=lookup.namespace,
+                             touch=False)
+    if now.prefix_len != lookup.prefix_len:
+        cache.unlock(handle)
+        return None
+    return handle, now.device_indices.clone()
+
+
+def reserve(cache: Any, lookup: Lookup, device_slots: torch.Tensor) -> Reservation | None:
+    """A reservation for ``lookup``: its own lock on the (already locked, checked) device
+    prefix, then LOAD + PREPARE on every component taking part, backbone first (``loads`` gets
+    one entry per component); on a refusal the prepared ones are ABORTed in reverse order and
+    None is returned, holding nothing."""
+    reservation = Reservation(lookup=lookup, device_slots=device_slots,
+                              handle=cache.lock(lookup.last_node))
+    full = None
+    for component in cache.components:
+        load = None
+        if component.takes_part_in_loads:
+            load = component.prepare_load(lookup.keys, lookup.prefix_len, full)
+            if load is None:
+                release(cache, reservation)
+                return None
+            full = full or load.transfer
+        reservation.loads.append(load)
+    if full is None:  # NOTE: no component takes part: nothing to load
+        release(cache, reservation)
+        return None
+    return reservation
+
+
+def release(cache: Any, reservation: Reservation) -> None:
+    """ABORT every prepared load, last component first (frees what PREPARE reserved), and
+    drop the reservation's lock."""
+    for component, load in reversed(list(zip(cache.components, reservation.loads))):
+        if load is not None:
+            component.abort_load(load)
+    reservation.loads = []
+    cache.unlock(reservation.handle)
+
+
+def publish(cache: Any, reservation: Reservation) -> MatchResult:
+    """Insert the locked device prefix plus the verified loaded slots, with each load's
+    insert fields (tracking adoption, not a hit, no linker callback: the lookup's page keys
+    go with it; COMMIT has nothing left to do: the insert adopted or freed every reserved
+    slot), and check the tree now serves every loaded token (the restored length is the
+    loaded length). Returns that read-only match of the restored prefix.
+
+    Raises:
+        ShortRestore: the tree serves less than ``len(lookup.tokens)`` after the publish (the
+            reservation is then empty: ``release`` only unlocks); logged.
+        ValueError: the insert refused (nothing changed); the caller ABORTs.
+    """
+    lookup, prefix, full = reservation.lookup, reservation.prefix_len, reservation.full
+    assert full is not None and full.device_indices is not None, "publish of a load w/o FULL"
+    value = torch.cat([reservation.device_slots, full.device_indices])
+    assert value.shape[0] == len(lookup.tokens) and reservation.device_slots.shape[0] == prefix, (
+        f"publish of {value.shape[0]} slots for {len(lookup.tokens)} tokens "
+        f"(device prefix {reservation.device_slots.shape[0]} of {prefix})"
+    )
+    fields: dict[str, Any] = {}
+    for load in reservation.loads:
+        if load is not None:
+            fields.update(load.insert)
+    params = InsertParams(key=lookup.tokens, value=value, prev_prefix_len=prefix,
+                          track_adopted_ranges=True, namespace=lookup.namespace, **fields)
+    # NOTE: the lookup's page keys, chained from the device prefix: the insert never calls
+    # the linker back for them.
+    cache.insert_loaded(params, page_hashes=(prefix // cache.page_size, lookup.keys))
+    match: MatchResult = cache.match_prefix(lookup.tokens, namespace=lookup.namespace,
+                                            touch=False)
+    served = match.prefix_len
+    if served < len(lookup.tokens):
+        reservation.loads = []  # NOTE: the insert took every slot
+        message = (f"restored {served} of {len(lookup.tokens)} tokens after publishing a load "
+                   f"of {len(lookup.tokens) - prefix} (a component published less than it "
+                   "loaded: a short SWA window or a missing state)")
+        logger.warning("load failure: %s", message)
+        raise ShortRestore(message)
+    return match

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from radixlink.linker.lookup import Lookup
 from radixlink.linker.outcomes import LoadOutcome
-from radixlink.linker.phases import Reservation
+
+if TYPE_CHECKING:  # NOTE: the loader builds reservations and imports this table
+    from radixlink.linker.loader import Reservation
 
 
 @dataclass(slots=True, kw_only=True, eq=False)

@@ -3,9 +3,10 @@ prefix lengths the store can restore (through the one pure rule in ``restorable.
 bounded memory of lookups that ``load()`` may still claim. The tail's page hashes go down into
 the tree's ``PageHashMemo`` for the insert of the same tokens.
 
-Owns no tree state; reads the tree only through a ``MatchResult`` and component hooks, and
-the linker only through its explicit ``LinkerParts``. Store presence comes through the parts'
-``StoreGuard`` (time budget + circuit breaker): a failed, skipped or slow store is a miss.
+Owns no tree state; reads the tree only through a ``MatchResult``, and the linker only through
+its explicit ``LinkerParts`` (the pools a load brings: name, hit policy, window). Store presence
+comes through the parts' ``StoreGuard`` (time budget + circuit breaker): a failed, skipped or
+slow store is a miss.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from radixlink.contract import LinkerTransferPhase, MatchResult, PoolTransfer
+from radixlink.contract import MatchResult, PoolTransfer
 from radixlink.cost import choose_load_pages
 from radixlink.linker.parts import LinkerParts
 from radixlink.linker.restorable import presence_from_store, restorable_prefix_pages
@@ -58,13 +59,11 @@ class Lookup:
 
 def restorable_pages(parts: LinkerParts, keys: list[str], namespace: Any) -> list[int]:
     """Every tail length (pages) this rank can restore; a failed or skipped store is none."""
-    transfers = []
-    for component in parts.cache.components:  # every taking-part component's LOOKUP transfer
-        transfer = component.build_external_linker_transfer(LinkerTransferPhase.LOOKUP, None, keys)
-        if transfer is not None:
-            transfers.append(transfer)
-    if not transfers:
+    if not parts.pools:
         return []
+    # NOTE: a LOOKUP transfer per pool a load brings: its name and hit policy
+    transfers = [PoolTransfer(name=name, keys=keys, hit_policy=policy)
+                 for name, (policy, _) in parts.pools.items()]
     keyspace = parts.keyspace
     store_keys = keyspace.keys(transfers[0].name, namespace, transfers[0].keys)
     for transfer in transfers[1:]:
@@ -76,7 +75,8 @@ def restorable_pages(parts: LinkerParts, keys: list[str], namespace: Any) -> lis
         return []
     if parts.stored.enabled and not all(exists):  # NOTE: evicted from the store: rewrite
         forget_absent(parts.stored, transfers, exists)
-    presence = presence_from_store(transfers, exists, window_pages=parts.windows)
+    windows = {name: window for name, (_, window) in parts.pools.items()}
+    presence = presence_from_store(transfers, exists, window_pages=windows)
     return restorable_prefix_pages(len(keys), presence).restorable_prefix_pages
 
 

@@ -20,7 +20,7 @@ import torch
 from radixlink.contract import InsertParams, LinkerTransferPhase, PoolName
 from radixlink.linker.config import WritePolicy
 from radixlink.linker.jobs import Batch, offload_job, select_pages
-from radixlink.linker.parts import LinkerParts, pool_page_bytes
+from radixlink.linker.parts import LinkerParts
 from radixlink.linker.revalidate import Revalidation
 from radixlink.linker.worker import Completion
 from radixlink.tree.stored import BACKBONE_POOL
@@ -164,8 +164,8 @@ class Offloader:
                 # NOTE: counted on every rank, written or not, so the budget decides alike
                 page_bytes = self._page_bytes.get(transfer.name)
                 if page_bytes is None:
-                    page_bytes = self._page_bytes[transfer.name] = pool_page_bytes(
-                        cache.pool(transfer.name))
+                    page_bytes = self._page_bytes[transfer.name] = cache.pool(
+                        transfer.name).page_bytes
                 num_bytes += len(transfer.keys) * page_bytes
                 num_pages += len(transfer.keys)
                 transfers.append((namespace, transfer))

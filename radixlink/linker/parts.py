@@ -1,10 +1,12 @@
 """``LinkerParts``: what the loader and the offloader share, built once by the
 ``ExternalCacheLinker`` facade: the cache, the store and its guard, page codecs and store keys,
 ranks, the worker and the completions of the jobs submitted to it, the staging arena, the
-stored index, the counters and histograms, and the cost model.
+stored index, the counters and histograms, the cost model, and the pools a load brings (named
+by the components taking part: a pool name, hit policy and window each; the linker never asks
+which kind of component or pool it has).
 
 Owns building those parts and the small bookkeeping both sides use (``Completions``, the
-counters, a pool's page bytes). Must not reach the loader, the offloader or the facade: they
+counters). Must not reach the loader, the offloader or the facade: they
 are built from it.
 """
 
@@ -14,14 +16,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlink.contract import PoolName, PoolTransfer
+from radixlink.contract import PoolHitPolicy, PoolName, PoolTransfer
 from radixlink.cost import EstimateTracker
 from radixlink.linker.breaker import CircuitBreaker, StoreGuard
 from radixlink.linker.config import LinkerConfig
 from radixlink.linker.ranks import RankGroup
 from radixlink.linker.worker import Completion, Job, TransferKind, TransferWorker
 from radixlink.memory.host import StagingArena
-from radixlink.memory.pools import MambaStatePool
 from radixlink.metrics import LatencyHistogram
 from radixlink.stores.base import Store
 from radixlink.stores.pageio import Codec, PageKeys, make_codec
@@ -115,7 +116,9 @@ class LinkerParts:
     page_size: int
     bytes_per_token: int
     world_size: int  # the rank group's (fixed): checked on hot paths without a call
-    windows: dict[PoolName, int]  # pools with a window (SWA): their window pages
+    # the pools a load brings, by the components taking part (backbone first): each one's hit
+    # policy and window (trailing pages; 0 for ALL_PAGES)
+    pools: dict[PoolName, tuple[PoolHitPolicy, int]]
     keyspace: PageKeys = field(init=False)
     _codecs: dict[PoolName, Codec] = field(default_factory=dict)
 
@@ -138,7 +141,7 @@ class LinkerParts:
             pool = self.cache.pool(name)
             if pool is None:
                 raise ValueError(f"the cache has no {name.value} pool; build it with a layout")
-            codec = make_codec(str(pool.layout.fingerprint(name)), pool_page_bytes(pool),
+            codec = make_codec(str(pool.layout.fingerprint(name)), pool.page_bytes,
                                secret=self.store.page_secret)
             self._codecs[name] = codec
         return codec
@@ -160,9 +163,8 @@ class LinkerParts:
         stored.clear()
         bound = config.max_known_pages
         if bound:
-            for name in PoolName:
-                pool = self.cache.pool(name)
-                bound += getattr(pool, "num_pages", 0) or getattr(pool, "num_states", 0)
+            for name in self.pools:
+                bound += self.cache.pool(name).num_pages
         # NOTE: rank-local knowledge would let ranks write different pages; a zero
         # revalidation age trusts no confirmation: offloads then skip nothing (the index
         # still holds the marks).
@@ -172,7 +174,7 @@ class LinkerParts:
     def replicated(self, name: PoolName) -> bool:
         """Whether pool ``name`` is identical on every rank (written by rank 0 only)."""
         pool = self.cache.pool(name)
-        return pool is not None and bool(getattr(pool.layout, "replicated", False))
+        return pool is not None and pool.replicated
 
 
 def build_parts(cache: Any, store: Store, ranks: RankGroup, config: LinkerConfig,
@@ -182,29 +184,14 @@ def build_parts(cache: Any, store: Store, ranks: RankGroup, config: LinkerConfig
                          max_cached_bytes=min(config.max_inflight_bytes, 256 << 20))
     worker = TransferWorker(store, config.num_threads, arena)
     stored: StoredPages = cache.tree.stored
+    loading = [c for c in cache.components if c.takes_part_in_loads]
     return LinkerParts(
         cache=cache, config=config, store=store,
         guard=StoreGuard(store, CircuitBreaker(config.breaker)), ranks=ranks, worker=worker,
         jobs=Completions(worker, ranks), arena=arena, metrics=LinkerStats(), stored=stored,
         hash_memo=cache.tree.hash_memo,
         cost_model=cost_model, page_size=cache.page_size,
-        bytes_per_token=_kv_bytes_per_token(cache), world_size=ranks.world_size,
-        windows={c.pool_name: c.window_pages for c in cache.components if c.window_pages > 0})
-
-
-def pool_page_bytes(pool: Any) -> int:
-    """Payload bytes of one page (a state, for MAMBA) of ``pool``."""
-    if isinstance(pool, MambaStatePool):
-        return int(pool.layout.state_bytes)
-    return int(pool.layout.page_bytes)
-
-
-def _kv_bytes_per_token(cache: Any) -> int:
-    """KV bytes a loaded token brings: the full pool's, plus the SWA pool's (an upper bound:
-    a load brings SWA pages for the window only)."""
-    total = 0
-    for name in (PoolName.KV, PoolName.SWA):
-        pool = cache.pool(name)
-        if pool is not None:
-            total += int(pool.layout.token_bytes)
-    return max(total, 1)
+        # NOTE: an upper bound: a windowed pool brings its window's pages only
+        bytes_per_token=max(1, sum(cache.pool(c.pool_name).token_bytes for c in loading)),
+        world_size=ranks.world_size,
+        pools={c.pool_name: (c.hit_policy, c.window_pages) for c in loading})

@@ -1,10 +1,13 @@
-"""Device K/V pools: paged K/V tensors (full attention and SWA) and batched page gather/scatter.
+"""Device K/V pools: paged K/V tensors (full attention and SWA) and batched page gather/scatter,
+and ``PagePool``, the byte-I/O protocol every pool keeps (K/V pages here, states in states.py).
 
 Owns the K/V tensors and their byte-exact page export and import. Knows nothing of the tree,
 of allocation policy (see allocator.py), of state slots (states.py) or of stores.
 """
 
 from __future__ import annotations
+
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -13,7 +16,7 @@ from radixlink.memory.host import check_bytes, host_empty, sync, to_device
 from radixlink.memory.layout import KVLayout
 from radixlink.memory.states import MambaStatePool
 
-__all__ = ["KVPool", "MambaStatePool"]  # MambaStatePool: re-exported for existing imports
+__all__ = ["KVPool", "MambaStatePool", "PagePool"]  # MambaStatePool: for existing imports
 
 _UINT8 = torch.uint8
 # NOTE: scatter/gather move rows as the widest element type that divides a row; on CPU
@@ -35,6 +38,42 @@ def _np_index(pages: torch.Tensor | np.ndarray) -> np.ndarray:
 
 def _torch_index(pages: torch.Tensor | np.ndarray) -> torch.Tensor:
     return torch.from_numpy(pages) if isinstance(pages, np.ndarray) else pages
+
+
+class PagePool(Protocol):
+    """What moves a pool's pages as bytes, whatever a page is (a page of K/V, a state): the one
+    protocol the linker's page I/O calls, so it never asks which kind of pool it has.
+
+    Ids and slots are the tree's (distinct, valid): no checks. On CUDA the copies are only
+    queued on the current stream.
+    """
+
+    num_pages: int  # ids below this (0 is padding): the pool's capacity in pages
+    replicated: bool  # identical on every tensor-parallel rank (written by rank 0 only)
+
+    @property
+    def page_bytes(self) -> int:
+        """Payload bytes of one page (one state)."""
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes one token of a prefix brings in this pool (0: per prefix, not per token)."""
+
+    @property
+    def land_layers(self) -> int:
+        """Layers a load can land one at a time (0: it lands whole, before layer 0)."""
+
+    def page_ids(self, slots: torch.Tensor) -> Any:
+        """The page ids of slots the tree handed out (whole pages, or state slots)."""
+
+    def gather(self, pages: Any, out: torch.Tensor) -> None:
+        """Copy pages out into the rows of host uint8 ``out`` (rows may be spaced)."""
+
+    def stage(self, buf: torch.Tensor) -> torch.Tensor:
+        """Pages (uint8 rows) as ``scatter`` reads them fastest; stage once, then scatter."""
+
+    def scatter(self, pages: Any, buf: torch.Tensor, layer: int | None = None) -> None:
+        """Write the rows of ``buf`` into ``pages`` (one layer, or all with None)."""
 
 
 class KVPool:
@@ -86,6 +125,29 @@ class KVPool:
         # NOTE: on CPU a numpy view of the same rows: numpy's per-call overhead is ~1 us
         # against torch's ~4 us, which is most of the cost of moving a few small pages.
         self._np_rows = self._pages_view.numpy() if self.device.type == "cpu" else None
+
+    @property
+    def replicated(self) -> bool:
+        return self.layout.replicated
+
+    @property
+    def page_bytes(self) -> int:
+        return self.layout.page_bytes
+
+    @property
+    def token_bytes(self) -> int:
+        return self.layout.token_bytes
+
+    @property
+    def land_layers(self) -> int:
+        return self.layout.num_layers
+
+    def page_ids(self, slots: torch.Tensor) -> Any:
+        """Page ids of whole-page slot runs the tree handed out (no checks: the tree's own): a
+        numpy array for CPU slots (cheaper to index with), else a tensor on their device."""
+        if slots.device.type == "cpu":
+            return slots.numpy()[:: self.page_size] // self.page_size
+        return slots[:: self.page_size].div(self.page_size, rounding_mode="floor")
 
     def k(self, layer: int) -> torch.Tensor:
         """K of ``layer`` as a view ``[num_slots, num_kv_heads, head_dim]``."""

@@ -1,12 +1,14 @@
 """Mamba-style recurrent-state slots: one row per slot in each state tensor, handed out singly.
 
 Owns the one state-slot free list (``StateSlots``), the state tensors kept by it and byte-exact
-state export and import. Knows nothing of the tree, of K/V pages (pools.py) or of stores.
+state export and import (``pools.PagePool``'s byte I/O, a state as one page). Knows nothing of
+the tree, of K/V pages (pools.py) or of stores.
 """
 
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import torch
 
@@ -93,6 +95,39 @@ class MambaStatePool(StateSlots):
             for shape in layout.shapes
         ]
         self.device = self._storages[0].device
+
+    # ---------------------------------------------------------------- PagePool: a state a page
+
+    replicated = False
+    token_bytes = 0  # a state is one per prefix, not per token
+    land_layers = 0  # a state lands whole
+
+    @property
+    def num_pages(self) -> int:
+        """Slot ids below this (0 is padding)."""
+        return self.num_states + 1
+
+    @property
+    def page_bytes(self) -> int:
+        return self.layout.state_bytes
+
+    def page_ids(self, slots: torch.Tensor) -> Any:
+        """The state slots themselves, one id per state (numpy for CPU slots)."""
+        flat = slots.reshape(-1)
+        return flat.numpy() if flat.device.type == "cpu" else flat
+
+    def gather(self, pages: Any, out: torch.Tensor) -> None:
+        """The states ``pages`` into the rows of host ``out``."""
+        for row, slot in enumerate(pages):
+            self.read_state(int(slot), out=out[row])
+
+    def stage(self, buf: torch.Tensor) -> torch.Tensor:
+        return buf  # NOTE: write_state moves each state to the device itself
+
+    def scatter(self, pages: Any, buf: torch.Tensor, layer: int | None = None) -> None:
+        """The rows of ``buf`` into the states ``pages`` (whole: ``layer`` is None)."""
+        for row, slot in enumerate(pages):
+            self.write_state(int(slot), buf[row])
 
     @property
     def num_tensors(self) -> int:

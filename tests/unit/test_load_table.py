@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from radixlink.linker.breaker import BreakerConfig, BreakerState, CircuitBreaker, StoreGuard
+from radixlink.linker.loader import Reservation
 from radixlink.linker.loads import LoadTable, Member, Transfer
 from radixlink.linker.lookup import Lookup, RememberedLookups
 from radixlink.linker.outcomes import LoadOutcome
-from radixlink.linker.phases import Reservation
 
 
 def lookup(tag: str, pages: int = 2, prefix: int = 0, created: float = 0.0) -> Lookup:
