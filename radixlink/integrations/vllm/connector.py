@@ -27,6 +27,7 @@ from radixlink.integrations.vllm.scheduler_side import SchedulerSide
 from radixlink.integrations.vllm.settings import (
     ConnectorSettings,
     check_hash_settings,
+    hit_source,
     tp_rank_and_size,
 )
 from radixlink.integrations.vllm.stats import RadixlinkPromMetrics, RadixlinkStats, stats_or_none
@@ -36,7 +37,8 @@ from radixlink.stores.registry import open_store
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from vllm.config import VllmConfig
+    from vllm.config import KVTransferConfig, VllmConfig
+    from vllm.config.kv_transfer import KVCacheAccess
     from vllm.distributed.kv_events import KVCacheEvent
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
         KVConnectorPromMetrics,
@@ -103,6 +105,17 @@ class RadixlinkConnector(KVConnectorBase_V1, SupportsHMA):
                 "RadixlinkConnector: store %s lives in one connector's memory; vLLM's scheduler "
                 "and each worker open their own, so no saved page is ever found. Use a store "
                 "they share: file:///path/to/dir or redis://host:port/0", settings.store_url)
+        # NOTE: per instance: vLLM's per-source hit metrics name the store's tier (disk for
+        # file://, external_unspecified for a remote store); the base class reads it.
+        self._cache_hit_source = CacheHitSource(hit_source(settings.store_url))
+        if (role == KVConnectorRole.SCHEDULER
+                and getattr(self._kv_transfer_config, "kv_load_failure_policy", "") == "fail"):
+            logger.warning(
+                "RadixlinkConnector: kv_load_failure_policy is 'fail' (vLLM's default), so a "
+                "store page that is missing or bad when read fails its request. radixlink "
+                "verifies every page and reports a bad one as a load error: set "
+                "\"kv_load_failure_policy\": \"recompute\" in --kv-transfer-config to recompute "
+                "those tokens instead")  # fmt: skip
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         events = kv_events_enabled(vllm_config) and bool(layouts)
@@ -141,6 +154,25 @@ class RadixlinkConnector(KVConnectorBase_V1, SupportsHMA):
     @classmethod
     def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
         return True  # NOTE: vLLM 0.33+: views dropped on unregister, rebound on restore
+
+    @classmethod
+    def kv_cache_access(cls, kv_transfer_config: KVTransferConfig) -> KVCacheAccess:
+        """vLLM 0.34: ``IN_PROCESS``. Workers read and write the KV cache with torch index ops
+        on the model runner's thread (gather into host staging, scatter from it); they
+        register it with no RDMA engine and export no handle, so any allocation (vLLM's
+        extensible KV cache included) works."""
+        from vllm.config.kv_transfer import KVCacheAccess  # NOTE: vLLM 0.34+, the only caller
+
+        return KVCacheAccess.IN_PROCESS
+
+    @classmethod
+    def supports_lookahead_block_hashes(cls, kv_transfer_config: KVTransferConfig) -> bool:
+        """vLLM 0.34: False (vLLM's default; docs/integrations.md, "Supported vLLM releases").
+        A page's key must name every token its KV depends on: with lookahead hashes an
+        EAGLE drafter's KV at a block's end depends on tokens past the block, which
+        ``token_chain`` keys do not cover, and no suite here runs a drafter. vLLM then drops
+        the trailing cached block under EAGLE instead (one page per hit recomputed)."""
+        return False
 
     def unregister_kv_caches(self) -> None:
         self.worker.unregister()
@@ -225,6 +257,11 @@ class RadixlinkConnector(KVConnectorBase_V1, SupportsHMA):
 
     def on_new_request(self, request: Request) -> None:
         self.scheduler_side.add_request(request)
+
+    def may_load_async(self, request: Request) -> bool:
+        """vLLM 0.34: whether this request may start an asynchronous store load while the
+        running batch is full (with ``--max-num-inflight-kv-loads``). Cheap: no store call."""
+        return self.scheduler_side.may_load(request)
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int

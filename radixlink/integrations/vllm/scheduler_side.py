@@ -92,6 +92,16 @@ class SchedulerSide:
         """Remember a new request (its hashes and token counts are read at each step)."""
         self._requests[request.request_id] = request
 
+    def may_load(self, request: Any) -> bool:
+        """Whether a lookup of ``request`` may report a store hit, without asking the store
+        (vLLM 0.34's ``may_load_async``: such requests may start loading while the running
+        batch is full). False when loads are off, the request's load failed before (never
+        offered a hit again), or it has no whole page before its last token (one is always
+        computed); else True: a miss found by the lookup costs that lookup and holds back
+        vLLM's other async loads for the step, as vLLM's default (no early loads) would."""
+        return (self._load and request.request_id not in self._load_failed
+                and request.num_tokens - 1 >= self._block_size)  # fmt: skip
+
     def lookup(self, request: Any, num_computed_tokens: int) -> int:
         """Tokens past ``num_computed_tokens`` (block aligned) every rank can load; one batched
         ``exists`` over all groups and ranks. A store error is a miss."""
@@ -171,7 +181,9 @@ class SchedulerSide:
         vLLM must hold the blocks until the workers report the pages copied out."""
         req_id = request.request_id
         job = None
-        if self._save and req_id in self._requests:
+        # NOTE: not while its load is in flight (an abort): vLLM already holds the blocks
+        # until the load reports, and frees them then; a save would free them a second time.
+        if self._save and req_id in self._requests and req_id not in self._loading:
             job = self._save_job(request, block_ids, request.num_computed_tokens, True)
         for table in (self._requests, self._lookups, self._saved, self._names, self._loading):
             table.pop(req_id, None)

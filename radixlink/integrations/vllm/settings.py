@@ -13,6 +13,7 @@ from typing import Any
 
 from radixlink.hashing import HASH_ALGOS
 from radixlink.stores import default_store_url
+from radixlink.stores.registry import split_url
 
 KEY_SCHEMES = ("vllm", "token_chain")
 """``vllm``: vLLM's own block hashes (LoRA, multimodal, prompt embeds and cache_salt included);
@@ -102,6 +103,29 @@ def check_hash_settings(hash_algo: str, key_scheme: str) -> None:
         "PYTHONHASHSEED (e.g. PYTHONHASHSEED=0) to every vLLM instance sharing the store, or "
         "set kv_connector_extra_config {\"keys\": \"token_chain\"}"
     )
+
+
+# vLLM's CacheHitSource values (vllm/v1/metrics/cache_hit_source.py, 0.32+): where a store
+# scheme's pages live. A remote server is "external_unspecified" (vLLM: "remote store").
+_HIT_SOURCES = {"file": "disk", "memory": "host"}
+_WRAPPERS = {"faults": "inner", "tiered": "back"}  # NOTE: tiered presence is the back's
+
+
+def hit_source(store_url: str) -> str:
+    """The ``CacheHitSource`` value vLLM counts this store's hits under: ``disk`` for a
+    directory store, ``host`` for ``memory://``, ``external_unspecified`` for a remote one
+    (Redis, Redis Cluster, Mooncake); ``faults://`` and ``tiered://`` take their inner / back
+    store's. Never raises: a URL it cannot read is ``external_unspecified``."""
+    for _ in range(8):  # NOTE: bounded: wrappers nest, a cycle cannot
+        try:
+            scheme, _, params = split_url(store_url)
+        except ValueError:
+            break
+        inner = params.get(_WRAPPERS.get(scheme, ""), "")
+        if not inner:
+            return _HIT_SOURCES.get(scheme, "external_unspecified")
+        store_url = inner
+    return "external_unspecified"
 
 
 def tp_rank_and_size(parallel_config: Any) -> tuple[int, int]:

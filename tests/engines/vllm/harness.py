@@ -84,13 +84,15 @@ def kv_cache_config(num_blocks: int, hybrid: bool) -> KVCacheConfig:
 
 
 def vllm_config(model_dir: str, extra: dict[str, Any], *, hybrid: bool = False, tp_size: int = 1,
-                rank: int = 0, max_batched: int = 256, hash_algo: str = "sha256") -> VllmConfig:
-    """A CPU ``VllmConfig`` whose kv-transfer config loads RadixlinkConnector by module path."""
+                rank: int = 0, max_batched: int = 256, hash_algo: str = "sha256",
+                sched_extra: dict[str, Any] | None = None) -> VllmConfig:  # fmt: skip
+    """A CPU ``VllmConfig`` whose kv-transfer config loads RadixlinkConnector by module path
+    (``sched_extra``: more ``SchedulerConfig`` fields, e.g. ``max_num_seqs``)."""
     model = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32", seed=0,
                         max_model_len=2048)
-    sched = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=max_batched,
-                            max_model_len=2048, enable_chunked_prefill=True,
-                            is_encoder_decoder=False)
+    sched = SchedulerConfig(**{
+        "max_num_seqs": 8, "max_num_batched_tokens": max_batched, "max_model_len": 2048,
+        "enable_chunked_prefill": True, "is_encoder_decoder": False, **(sched_extra or {})})
     cache = CacheConfig(block_size=BLOCK, enable_prefix_caching=True,
                         prefix_caching_hash_algo=hash_algo)
     cache.kv_cache_layout = "LBNHC"  # NOTE: the engine core resolves this before connectors
@@ -139,16 +141,19 @@ class Node:
     extra: dict[str, Any] = field(default_factory=dict)
     hash_algo: str = "sha256"
     kv_events: bool = False  # vLLM's KV events on (the test installs the publisher)
+    sched_extra: dict[str, Any] = field(default_factory=dict)  # more SchedulerConfig fields
     checked_tokens: int = 0
     preemptions: int = 0
     steps: int = 0
     connector_stats: dict[str, int] = field(default_factory=dict)  # what vLLM's loggers got
     external_tokens: dict[str, int] = field(default_factory=dict)  # req -> prefill stats
+    hits_by_source: dict[str, int] = field(default_factory=dict)  # vLLM's connector hit tiers
 
     def __post_init__(self) -> None:
         extra = {"store": self.store_url, **self.extra}
         configs = [vllm_config(self.model_dir, extra, hybrid=self.hybrid, tp_size=self.tp_size,
-                               rank=r, max_batched=self.max_batched, hash_algo=self.hash_algo)
+                               rank=r, max_batched=self.max_batched, hash_algo=self.hash_algo,
+                               sched_extra=self.sched_extra)
                    for r in range(self.tp_size)]  # fmt: skip
         if self.kv_events:
             for config in configs:
@@ -253,6 +258,9 @@ class Node:
         stats = eco.scheduler_stats
         for name, value in ((stats and stats.kv_connector_stats) or {}).items():
             self.connector_stats[name] = self.connector_stats.get(name, 0) + value
+        prefix = stats and stats.connector_prefix_cache_stats
+        for source, hits in (getattr(prefix, "hits_by_source", None) or {}).items():
+            self.hits_by_source[str(source)] = self.hits_by_source.get(str(source), 0) + hits
         for output in eco.outputs:
             if output.prefill_stats is not None:
                 self.external_tokens[output.request_id] = (

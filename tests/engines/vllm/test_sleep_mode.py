@@ -1,4 +1,4 @@
-"""Sleep mode (vLLM 0.33's ``unregister_kv_caches`` / ``restore_kv_caches``): the worker drops
+"""Sleep mode (vLLM 0.33 and 0.34: ``unregister_kv_caches`` / ``restore_kv_caches``): the worker drops
 its views of the KV tensors on sleep, fails the loads it could not scatter, and binds the
 views again on wake-up."""
 
@@ -17,7 +17,7 @@ from .test_round_trip import _first_run, _prompt  # noqa: E402
 
 
 def test_sleep_mode_is_supported_where_vllm_asks(nodes, model_dir, file_url):
-    """vLLM 0.33 refuses sleep mode for a connector whose ``supports_sleep_mode`` is False;
+    """vLLM 0.33+ refuses sleep mode for a connector whose ``supports_sleep_mode`` is False;
     the connector says True (it follows the remap below)."""
     node = nodes(model_dir, file_url)
     assert RadixlinkConnector.supports_sleep_mode(node.config.kv_transfer_config) is True
