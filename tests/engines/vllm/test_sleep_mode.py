@@ -1,6 +1,6 @@
-"""Sleep mode (vLLM 0.33 and 0.34: ``unregister_kv_caches`` / ``restore_kv_caches``): the worker drops
-its views of the KV tensors on sleep, fails the loads it could not scatter, and binds the
-views again on wake-up."""
+"""Sleep mode (vLLM 0.33 and 0.34: ``unregister_kv_caches`` / ``restore_kv_caches``): the
+worker drops its views of the KV tensors on sleep, fails the loads it could not scatter, and
+binds the views again on wake-up."""
 
 from __future__ import annotations
 
