@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections import Counter
 
 from radixlink.cmdargs import CommandParser, int_at_least
 from radixlink.stores.base import Store
-from radixlink.stores.keys import CLEARED_KEY, KEY_PREFIX, is_page_key, namespace_of
+from radixlink.stores.keys import KEY_PREFIX, is_page_key, namespace_of
 from radixlink.stores.registry import open_store
 
 FOREIGN = "(not radixlink)"
@@ -88,11 +87,6 @@ def _clear(store: Store, args: argparse.Namespace) -> int:
         print(f"would delete {num_pages} pages of {what}; pass --yes to do it", file=sys.stderr)
         return 2
     print(f"deleted {store.clear(prefix)} pages")
-    # NOTE: running vLLM connectors poll this marker and publish their pages' removal
-    mark = f"{time.time_ns()} {args.namespace or '*'}".encode()
-    if not store.put({CLEARED_KEY: mark})[0]:
-        print("could not write the clear marker: running engines will not publish the "
-              "removal of the cleared pages", file=sys.stderr)
     return 0
 
 

@@ -12,9 +12,6 @@ from radixlink.contract import PoolName
 from radixlink.stores.codec import FORMAT_VERSION
 
 KEY_PREFIX = f"v{FORMAT_VERSION}/"
-# NOTE: not a page key (``clear`` never deletes it): ``radixlink store clear`` writes its time
-# and namespace here, and running vLLM connectors poll it to publish their pages' removal.
-CLEARED_KEY = "radixlink-admin/cleared"
 DEFAULT_NAMESPACE = "_"  # the namespace id used when a cache has no namespace parts
 _POOLS = {pool.value: pool for pool in PoolName}
 

@@ -1,6 +1,7 @@
 """KV events of the shared store for vLLM's own publisher: ``BlockStored`` / ``BlockRemoved``
 with medium ``STORAGE`` for the pages the connector saved, found present (skipped saves,
-verified loads) or deleted (a bad page; an operator's ``radixlink store clear``).
+verified loads) or found gone (a bad page deleted; a sweep: an operator's ``radixlink store
+clear``, the store's own evictions).
 
 Workers report what their store I/O did to which page (``reports.WorkerReports``; vLLM ships
 them to the scheduler in ``KVConnectorOutput.kv_cache_events``); the scheduler side
@@ -8,7 +9,7 @@ them to the scheduler in ``KVConnectorOutput.kv_cache_events``); the scheduler s
 hashes and tokens and the fields the running release has, for ``take_events`` (vLLM publishes
 what it returns).
 
-Owns the event building and the clear watch. Must not touch KV tensors or decide what is
+Owns the event building and the sweeps. Must not touch KV tensors or decide what is
 saved. Nothing here raises into vLLM: a failure is logged and the events are dropped.
 """
 
@@ -19,6 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from itertools import islice
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -31,15 +33,15 @@ from radixlink.integrations.vllm.metadata import PageJob
 from radixlink.integrations.vllm.reports import RadixlinkKVEvents, StoreReport
 from radixlink.stores import pageio
 from radixlink.stores.base import Store
-from radixlink.stores.keys import CLEARED_KEY
 
 logger = logging.getLogger(__name__)
 
 OWNERSHIP = "radixlink"  # vLLM's ``ownership``: the secondary tier that emitted the event
 MEDIUM = getattr(vllm_events, "MEDIUM_STORAGE", "STORAGE")
 MAX_PENDING = 16384  # pages planned and not yet reported by every rank (oldest dropped)
-MAX_ANNOUNCED = 65536  # pages announced stored: not announced again; rechecked after a clear
-CLEAR_POLL_S = 2.0  # how often the scheduler reads the store's clear marker
+MAX_ANNOUNCED = 65536  # pages announced stored: not announced again; swept
+SWEEP_S = 2.0  # how often the scheduler checks announced pages are still stored
+SWEEP_PAGES = 256  # announced pages checked per sweep, longest-unchecked first
 _REMOTE, _LOCAL = "REMOTE", "LOCAL"
 _SCHEME_LOCALITY = {"redis": _REMOTE, "redis+cluster": _REMOTE, "mooncake": _REMOTE,
                     "file": _LOCAL, "memory": _LOCAL}  # fmt: skip
@@ -84,15 +86,16 @@ class StoreEvents:
 
     A page becomes ``BlockStored`` once every TP rank reported it in the store, and only when
     not announced already; ``BlockRemoved`` as soon as one rank deleted it (a page is
-    restorable only when every rank's part is present). Every ``CLEAR_POLL_S`` ``take`` reads
-    the store's clear marker (``stores.keys.CLEARED_KEY``, written by ``radixlink store
-    clear``); when it changed, the announced pages are checked with one presence batch and
-    the gone ones removed.
+    restorable only when every rank's part is present), or when a sweep finds it gone: every
+    ``SWEEP_S`` ``take`` checks the ``SWEEP_PAGES`` announced pages checked longest ago, and all
+    of them when that window is gone whole (an operator's ``radixlink store clear``). So a
+    clear is published within a sweep, and the store's own evictions within a round of
+    sweeps (``MAX_ANNOUNCED / SWEEP_PAGES * SWEEP_S``, about 9 minutes when full).
 
     Args:
         layouts: the groups taking part (same list as ``SchedulerSide``).
-        scheme: key naming (the clear's recheck builds keys).
-        store: the scheduler's store (presence and the marker only).
+        scheme: key naming (sweeps build keys).
+        store: the scheduler's store (presence only).
         tp_size: TP ranks.
         kv_cache_config: vLLM's, for the groups' spec kind and window.
         store_url: the store's URL (its ``locality``).
@@ -115,9 +118,7 @@ class StoreEvents:
         self._pending: OrderedDict[tuple[int, str], _Page] = OrderedDict()
         self._announced: OrderedDict[tuple[int, str], _Page] = OrderedDict()
         self._out: list[Any] = []
-        self._marker: bytes | None = None
-        self._marker_read = False
-        self._next_poll = 0.0
+        self._next_sweep = 0.0
         self.num_dropped = 0  # reports of pages no longer pending (past MAX_PENDING)
 
     def note(self, request: Any, job: PageJob, start: int, hashes: Sequence[str]) -> None:
@@ -152,11 +153,12 @@ class StoreEvents:
             logger.exception("radixlink: KV events of the workers' reports dropped")
 
     def take(self, now: float | None = None) -> list[Any]:
-        """vLLM's events since the last call (after a check of the clear marker, when due)."""
+        """vLLM's events since the last call (after a sweep of the announced pages, when
+        due)."""
         try:
-            self._poll_clear(time.monotonic() if now is None else now)
+            self._sweep(time.monotonic() if now is None else now)
         except Exception:  # noqa: BLE001 - never into vLLM's scheduler
-            logger.exception("radixlink: the store's clear marker could not be checked")
+            logger.exception("radixlink: the announced pages could not be checked")
         out, self._out = self._out, []
         return out
 
@@ -240,41 +242,45 @@ class StoreEvents:
         values = {**values, **self._common}
         return cls(**{k: v for k, v in values.items() if k in fields})
 
-    def _poll_clear(self, now: float) -> None:
-        if now < self._next_poll:
+    def _sweep(self, now: float) -> None:
+        """Every ``SWEEP_S``: one presence batch over the ``SWEEP_PAGES`` announced pages
+        checked longest ago; the gone ones are removed, the others checked again last. When
+        every page of the window is gone (an operator's clear), every announced page is
+        checked at once."""
+        if now < self._next_sweep or not self._announced:
             return
-        self._next_poll = now + CLEAR_POLL_S
-        try:
-            value = self._store.get([CLEARED_KEY])[0]
-        except StoreError as exc:
-            logger.warning("radixlink: the store's clear marker is unreadable: %s", exc)
-            return
-        changed = self._marker_read and value is not None and value != self._marker
-        self._marker_read = True
-        if value is not None:
-            self._marker = bytes(value)
-        if changed:
-            self._recheck()
+        self._next_sweep = now + SWEEP_S
+        window = list(islice(self._announced, SWEEP_PAGES))
+        gone = self._absent(window)
+        for key in window:
+            if key not in gone:
+                self._announced.move_to_end(key)
+        if gone and len(gone) == len(window):
+            gone |= self._absent(list(self._announced))
+        by_group: dict[int, list[str]] = {}
+        for gid, h in sorted(gone):
+            by_group.setdefault(gid, []).append(h)
+        for gid, hashes in by_group.items():
+            self._removed(gid, hashes)
 
-    def _recheck(self) -> None:
-        """After a clear: one presence batch over the announced pages; the gone ones leave."""
+    def _absent(self, pages: list[tuple[int, str]]) -> set[tuple[int, str]]:
+        """Which of the announced ``pages`` some TP rank's key is missing for (one batch)."""
         groups: dict[tuple[int, str], list[str]] = {}
-        for (gid, h), page in self._announced.items():
-            groups.setdefault((gid, page.salt), []).append(h)
+        for gid, h in pages:
+            groups.setdefault((gid, self._announced[gid, h].salt), []).append(h)
         keys: list[str] = []
         spans = []
         for (gid, salt), hashes in groups.items():
             for rank in range(self._tp_size):
                 spans.append((gid, hashes, len(keys)))
                 keys += self._scheme.keys(self._layouts[gid], hashes, rank, salt)
-        present = pageio.present(self._store, keys)
-        gone: dict[int, set[str]] = {}
-        for gid, hashes, at in spans:
-            gone.setdefault(gid, set()).update(
-                h for h, ok in zip(hashes, present[at : at + len(hashes)]) if not ok)
-        for gid, lost in gone.items():
-            if lost:
-                self._removed(gid, sorted(lost))
+        try:
+            present = pageio.present(self._store, keys)
+        except StoreError as exc:
+            logger.warning("radixlink: the announced pages could not be checked: %s", exc)
+            return set()
+        return {(gid, h) for gid, hashes, at in spans
+                for h, ok in zip(hashes, present[at : at + len(hashes)]) if not ok}
 
 
 def _external(block_hash: bytes) -> Any:
