@@ -1,8 +1,9 @@
 """Fixtures for the vLLM connector tests: a local model directory, store URLs of each kind.
 
-The tests need ``vllm`` (installed by scripts/setup_vllm_venv.sh into .venv-vllm); every test
-module skips with that reason where it is missing, so the main venv's run skips them. vLLM
-0.33.0's scheduler-side modules import on CPU as they are, so no stand-in modules are needed.
+The tests need ``vllm`` (scripts/setup_vllm_venv.sh [VERSION] installs 0.33.0 into .venv-vllm,
+0.34.0 into .venv-vllm-034); every test module skips with that reason where it is missing, so
+the main venv's run skips them. vLLM's scheduler-side modules import on CPU as they are, so no
+stand-in modules are needed.
 """
 
 from __future__ import annotations
