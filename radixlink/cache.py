@@ -38,7 +38,7 @@ from radixlink.memory.allocator import tensor_device
 from radixlink.tree.invariants import check_tree
 from radixlink.tree.keys import KeyPacker
 from radixlink.tree.locks import LockHandle
-from radixlink.tree.node import TreeNode
+from radixlink.tree.node import MatchPath, TreeNode
 from radixlink.tree.tree import RadixTree
 
 # What the cache and its tree call on an attached linker.
@@ -139,9 +139,9 @@ class UnifiedCache:
         base = self.config.namespace
         own = base if namespace is None or namespace == base else \
             self._resolve_namespace(namespace)
+        result = self._result(self.tree.match(key, self._tree_namespace(own), touch=touch))
         if not touch:
-            return self._match(key, own, touch=False)
-        result = self._match(key, own, touch=True)
+            return result
         counters = self._counters
         counters["match_calls"] += 1
         counters["match_tokens"] += len(key) >> 2
@@ -150,8 +150,15 @@ class UnifiedCache:
             self._linker.lookup(result, key, req_id, own)
         return result
 
-    def _match(self, key: bytes, namespace: Any, *, touch: bool) -> MatchResult:
-        path = self.tree.match(key, self._tree_namespace(namespace), touch=touch)
+    def match_node(self, node: TreeNode) -> MatchResult:
+        """The read-only match of the tokens from the root through ``node`` (the ``last_node``
+        of an insert that just returned): what every component serves along that path, with
+        no walk of the key; ``prefix_len`` is short of ``node``'s end when some component
+        cannot serve it whole. A peek: no recency, counters or lookup."""
+        return self._result(self.tree.match_node(node))
+
+    def _result(self, path: MatchPath) -> MatchResult:
+        """A ``MatchResult`` of the tree's accepted ``path``: each component fills its part."""
         result = MatchResult(device_indices=self._empty, prefix_len=path.prefix_len,
                              last_node=path.last_node, node_offset=path.node_offset)
         for component in self._components:

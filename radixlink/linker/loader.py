@@ -45,7 +45,8 @@ class ShortRestore(ValueError):
 
 @dataclass(slots=True, kw_only=True)
 class Reservation:
-    """What PREPARE took for one transfer, and what publish will insert.
+    """What LOAD + PREPARE took for one transfer (the one lock on its device prefix, for every
+    member), and what publish will insert.
 
     ::
 
@@ -57,7 +58,8 @@ class Reservation:
         lookup: the lookup this load serves (tokens, keys, namespace).
         device_slots: the tree's full slots of ``[0, prefix_len)`` at PREPARE, protected by
             ``handle`` until publish or abort: publish inserts exactly these, never a new match.
-        handle: the reservation's own lock on the device prefix (not any member's).
+        handle: the lock on the device prefix, for every member of the transfer, until
+            publish or ABORT (a member gets a lock of its own with its outcome).
         loads: per component, its ``ComponentLoad`` (None where it takes no part); emptied by
             ABORT, or by a short publish (the insert took every reserved slot then).
     """
@@ -117,8 +119,9 @@ class Loader:
     # ---------------------------------------------------------------- LOAD
 
     def load(self, req_id: Any, timeout_s: float | None) -> bool:
-        """Lock the device prefix as the lookup saw it, PREPARE and queue the transfer (or
-        join an identical one); False (nothing held) when there is nothing to load."""
+        """Check the device prefix is still as the lookup saw it, then join an identical load
+        in flight, or lock the prefix, PREPARE and queue the transfer; False (nothing held)
+        when there is nothing to load."""
         check_req_id(req_id)
         limit = self.parts.config.load_timeout_s if timeout_s is None else check_seconds(
             "load(timeout_s=)", timeout_s)
@@ -126,35 +129,47 @@ class Loader:
         lookup = self.lookups.pop(req_id)
         if lookup is None or self.closed:
             return False
-        locked = lock_device_prefix(self.cache, lookup)
-        ok = locked is not None
+        prefix = self._device_prefix(lookup)
+        ok = prefix is not None
         if self.world_size > 1:
             ok = self.ranks.all_ok(ok)
         if not ok:
-            if locked is not None:
-                self.cache.unlock(locked[0])
             self.stats["stale_lookups"] += 1
             return False
-        assert locked is not None
-        member = Member(req_id=req_id, lookup=lookup, handle=locked[0], device_slots=locked[1],
-                        deadline=time.monotonic() + limit)
-        shared = self.loads.shared(lookup)
-        if shared is not None:
-            self.loads.join(member, shared)
+        assert prefix is not None
+        member = Member(req_id=req_id, lookup=lookup, deadline=time.monotonic() + limit)
+        transfer = self.loads.shared(lookup)
+        if transfer is not None:  # NOTE: its reservation holds the same device prefix
             self.stats["shared_loads"] += 1
-            return True
-        transfer = self._start_transfer(lookup, locked[1])
-        if transfer is None:
-            self.cache.unlock(member.handle)
-            self.stats["failures_prepare"] += 1
-            return False
+        else:
+            transfer = self._start_transfer(lookup, *prefix)
+            if transfer is None:
+                self.stats["failures_prepare"] += 1
+                return False
+            self.stats["loads_started"] += 1
         self.loads.join(member, transfer)
-        self.stats["loads_started"] += 1
         return True
 
-    def _start_transfer(self, lookup: Lookup, device_slots: Any) -> Transfer | None:
-        """PREPARE on every component (agreed across ranks) and queue the worker job."""
-        reservation = reserve(self.cache, lookup, device_slots)
+    def _device_prefix(self, lookup: Lookup) -> tuple[Any, torch.Tensor] | None:
+        """Where the lookup's device prefix ends and the tree's slots there, when the tree
+        still serves it exactly (its window and state too); None when it is stale.
+
+        The lookup's own match answers while the tree's epoch is the one it saw: a prefix the
+        tree served shrinks or moves to other slots only when tree-owned data is freed, which
+        moves the epoch. Otherwise (an eviction or a heal since) the prefix is peeked again.
+        """
+        if lookup.epoch == self.cache.tree.epoch:
+            return lookup.last_node, lookup.device_slots
+        now = self.cache.match_prefix(lookup.tokens[: lookup.prefix_len],
+                                      namespace=lookup.namespace, touch=False)
+        if now.prefix_len != lookup.prefix_len:
+            return None
+        return now.last_node, now.device_indices
+
+    def _start_transfer(self, lookup: Lookup, node: Any, device_slots: Any) -> Transfer | None:
+        """Lock the device prefix (at ``node``), PREPARE on every component (agreed across
+        ranks) and queue the worker job."""
+        reservation = reserve(self.cache, lookup, node, device_slots)
         # NOTE: one rank short of room fails it on all
         ok = reservation is not None
         if self.world_size > 1:
@@ -187,7 +202,6 @@ class Loader:
         member = self.loads.member(req_id)
         if member is not None:
             self._leave(member)
-            self.cache.unlock(member.handle)
             self.stats["cancelled_loads"] += 1
             found = True
         outcome = self.loads.take(req_id)
@@ -244,7 +258,7 @@ class Loader:
         for member in self.loads.expired(time.monotonic(), agree):
             self._leave(member)
             self.stats["failures_timeout"] += 1
-            self._put(failure_outcome(member, "timeout"))
+            self._put(self._failed(member, "timeout"))
 
     def _leave(self, member: Member) -> None:
         transfer = self.loads.leave(member)
@@ -276,7 +290,7 @@ class Loader:
             # must agree: its marks decide revalidation's collective and the write policy's
             # offloads), so every rank writes them again
             for t in reservation.transfers:
-                    self.parts.stored.discard(t.name, t.keys)
+                self.parts.stored.discard(t.name, t.keys)
         reason = "" if ok else failure_reason(done, transfer, self.closed)
         match = None
         if ok:
@@ -288,7 +302,7 @@ class Loader:
         if not ok:
             if reason != "cancelled":
                 stats["failures_load"] += 1
-            failed = [failure_outcome(member, reason) for member in transfer.members]
+            failed = [self._failed(member, reason) for member in transfer.members]
             release(cache, reservation)
             for outcome in failed:
                 self._put(outcome)
@@ -309,6 +323,18 @@ class Loader:
         for outcome in outcomes:
             stats["loaded_tokens"] += outcome.loaded_len  # the store tier's hits
             self._put(outcome)
+
+    def _failed(self, member: Member, reason: str) -> LoadOutcome:
+        """The member's device prefix as it had it, under a lock of its own (which the outcome
+        hands over), taken while the transfer's reservation still holds that prefix."""
+        assert member.transfer is not None, f"member {member.req_id!r} waits on no transfer"
+        reservation = member.transfer.reservation
+        node = reservation.handle.node
+        return LoadOutcome(
+            req_id=member.req_id, ok=False, prefix_len=member.lookup.prefix_len,
+            device_indices=reservation.device_slots, last_node=node, lock=self.cache.lock(node),
+            reason=reason,
+        )
 
     # ---------------------------------------------------------------- close
 
@@ -333,30 +359,13 @@ class Loader:
 
 
 def success_outcomes(cache: Any, transfer: Transfer, match: MatchResult) -> list[LoadOutcome]:
-    """Per member of a published transfer: the restored prefix (``match``, the publish's
-    read-only peek), a lock on it taken for the member, and the member's own lock on its
-    device prefix released."""
-    lookup = transfer.reservation.lookup
-    loaded_len = max(0, match.prefix_len - lookup.prefix_len)
-    out = []
-    for member in transfer.members:
-        handle = cache.lock(match.last_node)
-        cache.unlock(member.handle)
-        out.append(LoadOutcome(
-            req_id=member.req_id, ok=True, prefix_len=match.prefix_len,
-            device_indices=match.device_indices, last_node=match.last_node, lock=handle,
-            loaded_len=loaded_len, match=match,
-        ))
-    return out
-
-
-def failure_outcome(member: Member, reason: str) -> LoadOutcome:
-    """The member's own device prefix, under its own lock (which the outcome hands over)."""
-    return LoadOutcome(
-        req_id=member.req_id, ok=False, prefix_len=member.lookup.prefix_len,
-        device_indices=member.device_slots, last_node=member.handle.node, lock=member.handle,
-        reason=reason,
-    )
+    """Per member of a published transfer: the restored prefix (``match``, what the publish
+    found served) and a lock on it taken for the member."""
+    loaded_len = max(0, match.prefix_len - transfer.reservation.lookup.prefix_len)
+    return [LoadOutcome(req_id=member.req_id, ok=True, prefix_len=match.prefix_len,
+                        device_indices=match.device_indices, last_node=match.last_node,
+                        lock=cache.lock(match.last_node), loaded_len=loaded_len, match=match)
+            for member in transfer.members]
 
 
 def failure_reason(done: Completion, transfer: Transfer, closed: bool) -> str:
@@ -387,29 +396,13 @@ def landing(member: Member, progress: LayerProgress | None) -> Landing | None:
 # ---------------------------------------------------------------- the steps of one load
 
 
-def lock_device_prefix(cache: Any, lookup: Lookup) -> tuple[Any, torch.Tensor] | None:
-    """Lock the lookup's device prefix and check it is still exactly servable (its window and
-    state too): the lock and the tree's slots there, or None (evicted or shortened since the
-    match: the lookup is stale and nothing is held)."""
-    try:
-        handle = cache.lock(lookup.last_node)
-    except ValueError:
-        return None
-    now = cache.match_prefix(lookup.tokens[: lookup.prefix_len], namespace=lookup.namespace,
-                             touch=False)
-    if now.prefix_len != lookup.prefix_len:
-        cache.unlock(handle)
-        return None
-    return handle, now.device_indices.clone()
-
-
-def reserve(cache: Any, lookup: Lookup, device_slots: torch.Tensor) -> Reservation | None:
-    """A reservation for ``lookup``: its own lock on the (already locked, checked) device
-    prefix, then LOAD + PREPARE on every component taking part, backbone first (``loads`` gets
-    one entry per component); on a refusal the prepared ones are ABORTed in reverse order and
-    None is returned, holding nothing."""
-    reservation = Reservation(lookup=lookup, device_slots=device_slots,
-                              handle=cache.lock(lookup.last_node))
+def reserve(cache: Any, lookup: Lookup, node: Any,
+            device_slots: torch.Tensor) -> Reservation | None:
+    """A reservation for ``lookup``: the one lock on its (checked) device prefix, ending at
+    ``node``, then LOAD + PREPARE on every component taking part, backbone first (``loads``
+    gets one entry per component); on a refusal the prepared ones are ABORTed in reverse order
+    and None is returned, holding nothing."""
+    reservation = Reservation(lookup=lookup, device_slots=device_slots, handle=cache.lock(node))
     full = None
     for component in cache.components:
         load = None
@@ -463,9 +456,9 @@ def publish(cache: Any, reservation: Reservation) -> MatchResult:
                           track_adopted_ranges=True, namespace=lookup.namespace, **fields)
     # NOTE: the lookup's page keys, chained from the device prefix: the insert never calls
     # the linker back for them.
-    cache.insert_loaded(params, page_hashes=(prefix // cache.page_size, lookup.keys))
-    match: MatchResult = cache.match_prefix(lookup.tokens, namespace=lookup.namespace,
-                                            touch=False)
+    result = cache.insert_loaded(params, page_hashes=(prefix // cache.page_size, lookup.keys))
+    # NOTE: what the tree serves along the path the insert just built, with no second walk
+    match: MatchResult = cache.match_node(result.last_node)
     served = match.prefix_len
     if served < len(lookup.tokens):
         reservation.loads = []  # NOTE: the insert took every slot

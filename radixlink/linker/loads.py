@@ -12,8 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from radixlink.linker.lookup import Lookup
 from radixlink.linker.outcomes import LoadOutcome
 
@@ -28,16 +26,13 @@ class Member:
     Attributes:
         req_id: the request.
         lookup: what it asked for.
-        handle: the member's own lock on its device prefix (handed to it in the outcome).
-        device_slots: the tree's slots of that prefix (valid while ``handle`` is held).
         deadline: ``time.monotonic()`` past which this member (only) fails with "timeout".
-        transfer: the store transfer it waits on.
+        transfer: the store transfer it waits on (its reservation's lock holds the device
+            prefix for every member: a member holds no lock of its own until its outcome).
     """
 
     req_id: Any
     lookup: Lookup
-    handle: Any
-    device_slots: torch.Tensor
     deadline: float
     transfer: Transfer | None = None
 

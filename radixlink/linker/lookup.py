@@ -40,6 +40,10 @@ class Lookup:
     keys: list[str]
     namespace: Any = None
     created: float = 0.0  # time.monotonic() of the lookup
+    # the device match's full slots of [0, prefix_len), valid while the tree's epoch is still
+    # ``epoch`` (nothing tree-owned freed since: the match holds as it was)
+    device_slots: Any = None
+    epoch: int = -1
 
     @property
     def num_pages(self) -> int:
@@ -47,8 +51,9 @@ class Lookup:
 
     @property
     def num_bytes(self) -> int:
-        """Host memory this lookup pins while remembered (tokens and key strings)."""
-        return int(self.tokens.nbytes) + sum(map(len, self.keys)) + 49 * len(self.keys)
+        """Host memory this lookup pins while remembered (tokens, key strings, slots)."""
+        slots = 0 if self.device_slots is None else 8 * int(self.device_slots.numel())
+        return int(self.tokens.nbytes) + sum(map(len, self.keys)) + 49 * len(self.keys) + slots
 
     @property
     def signature(self) -> tuple[str, int, int]:
@@ -123,7 +128,8 @@ def find_restorable(parts: LinkerParts, result: MatchResult, key: bytes,
     # caller's whole packed prompt.
     return Lookup(tokens=tokens[: prefix + best * ps].copy(), prefix_len=prefix,
                   last_node=result.last_node, keys=keys[:best], namespace=namespace,
-                  created=time.monotonic())
+                  created=time.monotonic(), device_slots=result.device_indices,
+                  epoch=parts.cache.tree.epoch)
 
 
 def worth_loading(parts: LinkerParts, common: list[int], prefix: int) -> int:

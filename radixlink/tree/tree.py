@@ -55,6 +55,10 @@ class RadixTree:
         self.hash_algo = hash_algo
         self.clock = 0
         self.num_nodes = 0
+        # NOTE: moves whenever tree-owned data is freed (evicted, or replaced by a heal): the
+        # only way a prefix the tree served can shrink or move to other slots. A caller that
+        # saw the tree at one epoch knows, while it holds, that its match still holds.
+        self.epoch = 0
         # NOTE: set while a linker is attached; one None check per victim.
         self.observer: TreeObserver | None = None
         # Which pages the store holds (the nodes' store marks are views on it, by page hash).
@@ -83,7 +87,16 @@ class RadixTree:
         if root is None:
             return MatchPath([], 0, self.root, 0)
         nodes, matched = self._walk(root, key, len(key) - len(key) % self.page_bytes)
-        limit = matched >> 2
+        return self._accept(nodes, matched >> 2, touch)
+
+    def match_node(self, node: TreeNode) -> MatchPath:
+        """``match`` of the tokens from the root through ``node`` (one an insert just returned),
+        with no walk of a key: what every component accepts along its path. A peek."""
+        return self._accept(self.path_to(node), node.seq_len, False)
+
+    def _accept(self, nodes: list[TreeNode], limit: int, touch: bool) -> MatchPath:
+        """The longest boundary ``<= limit`` every component accepts along ``nodes`` (a walk's
+        path), as a ``MatchPath``; with ``touch`` the accepted nodes' recency moves."""
         components = self.components
         if len(components) == 1:
             limit = components[0].match_accept(nodes, limit)
@@ -209,6 +222,8 @@ class RadixTree:
             component.insert_done(ctx, last)
         if aligned_len > prev:
             ctx.drop_duplicates()
+        if any(effects.freed):  # NOTE: a heal replaced tree-owned slots
+            self.epoch += 1
         result.last_node = last
         return result, effects
 
@@ -259,6 +274,8 @@ class RadixTree:
         for component, target in zip(self.components, targets, strict=True):
             if target > effects.num_freed[component.index]:
                 component.evict(target, effects)
+        if any(effects.freed):
+            self.epoch += 1
         return effects
 
     def remove_leaf(self, node: TreeNode, effects: Effects) -> None:

@@ -5,6 +5,7 @@ owns its deadline and can cancel. Each test names the defect it pins."""
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ from hybrid_kit import (
     TOKENS,
     assert_exact,
     make_cache,
+    matched,
     offloaded,
     serve,
     window_and_state,
@@ -90,6 +92,42 @@ def test_publish_keeps_the_locked_prefix_when_no_state_slot_is_free(store) -> No
                                                  window_and_state(cache_a, TOKENS)))
     for slot in held:
         cache_b.hybrid.free_state(slot)
+    linker_b.close()
+    assert_exact(cache_b)
+
+
+@pytest.mark.parametrize("evict", [False, True])
+@pytest.mark.parametrize("kind", ["full", "swa+mamba"])
+def test_a_load_matches_the_tree_once_and_locks_its_device_prefix_once(
+    kind: str, evict: bool, store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#46: from match_prefix(req_id) to the outcome a load walks the tree for its tokens once
+    (the lookup's match; the publish reads the path its own insert built) and takes one lock
+    on the device prefix (the reservation's, for every request sharing the transfer) plus
+    the outcome's on the restored prefix, which the caller takes. It used to match three
+    times (lookup, load's peek, publish's peek) and lock the device prefix twice. When tree
+    data was freed between the lookup and load() (an unrelated eviction here), load() checks
+    the device prefix once more, and the load still restores exactly."""
+    offloaded(kind, store)
+    cache_b = make_cache(kind)
+    linker_b = ExternalCacheLinker(cache_b, store)
+    serve(cache_b, list(range(900, 916)))  # NOTE: older than the prefix: eviction takes it
+    serve(cache_b, TOKENS[:8])
+    calls: Counter[str] = Counter()
+    for name, owner in (("match", cache_b.tree), ("lock", cache_b.tree.locks)):
+        real = getattr(owner, name)
+        monkeypatch.setattr(owner, name, lambda *a, _f=real, _n=name, **k: (
+            calls.update([_n]), _f(*a, **k))[1])
+    m = cache_b.match_prefix(TOKENS, req_id="r")
+    assert (m.prefix_len, m.external_hit_len) == (8, 32) and calls == {"match": 1}
+    if evict:
+        assert cache_b.evict(4) >= 4 and matched(cache_b, list(range(900, 916))) == 0
+    calls.clear()  # NOTE: count from load() on
+    assert linker_b.load("r")
+    out = linker_b.wait_load("r", timeout=10)
+    cache_b.unlock(out.lock)
+    assert (out.ok, out.prefix_len, out.loaded_len) == (True, 40, 32)
+    assert calls == ({"match": 1, "lock": 2} if evict else {"lock": 2}), calls
     linker_b.close()
     assert_exact(cache_b)
 

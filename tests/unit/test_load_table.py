@@ -27,8 +27,7 @@ def lookup(tag: str, pages: int = 2, prefix: int = 0, created: float = 0.0) -> L
 
 
 def member(req_id: Any, found: Lookup, deadline: float = 1e9) -> Member:
-    return Member(req_id=req_id, lookup=found, handle=object(), device_slots=torch.empty(0),
-                  deadline=deadline)
+    return Member(req_id=req_id, lookup=found, deadline=deadline)
 
 
 def transfer(job_id: int, found: Lookup) -> Transfer:

@@ -171,6 +171,31 @@ def test_heal_of_a_locked_node_remaps_instead_of_replacing() -> None:
     cache.check_invariants()
 
 
+def test_the_tree_epoch_moves_exactly_when_tree_owned_data_is_freed() -> None:
+    """#46: a match holds as long as the tree's epoch has not moved (the linker's load()
+    trusts its lookup's match then): inserts that only add, splits, locks, matches and a
+    remap heal of a locked node leave it; a heal that replaces an unlocked node's full slots,
+    and an eviction, move it."""
+    cache = make(window=4)
+    epoch = cache.tree.epoch
+    a = list(range(16))
+    insert(cache, a, sev=8)
+    insert(cache, a[:8] + [50] * 8, sev=8)  # NOTE: splits A at 8, heals nothing
+    m = cache.match_prefix(a)
+    handle = cache.lock(m.last_node)
+    kv = cache.alloc(16)
+    assert kv is not None
+    assert insert(cache, a, kv=kv).adopted_ranges == {SWA: [(0, 8)]}  # remap: locked
+    cache.unlock(handle)
+    assert cache.tree.epoch == epoch
+    b = list(range(200, 224))
+    insert(cache, b, sev=16)
+    insert(cache, b[:16] + list(range(300, 308)))  # NOTE: heals b[:16], unlocked: replaces
+    assert cache.tree.epoch == epoch + 1
+    assert cache.evict(EvictParams(num_tokens=4)).num_tokens_evicted >= 4
+    assert cache.tree.epoch == epoch + 2
+
+
 def test_eviction_tombstones_internal_swa_and_keeps_the_locked_window() -> None:
     """Scenario: A (16) -> A+B (16 more) -> A+B+C (16 more), window 4, the leaf locked. SWA
     eviction may take the SWA of A and A+B (internal: their full KV stays) but not the
