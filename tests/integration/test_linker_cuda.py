@@ -11,10 +11,10 @@ from radixlink.cache import UnifiedCache
 from radixlink.config import CacheConfig
 from radixlink.contract import InsertParams, PoolName
 from radixlink.linker.core import ExternalCacheLinker
-from radixlink.linker.staging import frames_bytes, layout_frames
 from radixlink.memory import KVLayout, KVPool
 from radixlink.memory.host import StagingArena
 from radixlink.stores.codec import HEADER_BYTES
+from radixlink.stores.frames import frames_bytes, layout_frames
 from radixlink.stores.memory import MemoryStore
 
 pytestmark = pytest.mark.gpu
