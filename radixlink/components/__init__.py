@@ -2,9 +2,8 @@
 
 from radixlink.components.assembly import Components, Memory, build_components, build_memory
 from radixlink.components.base import SlotAllocator, TreeComponent
-from radixlink.components.full import FullComponent
+from radixlink.components.full import FullComponent, PageOwnership
 from radixlink.components.mamba import MambaComponent
-from radixlink.components.ownership import PageOwnership
 from radixlink.components.swa import SWAComponent
 from radixlink.memory.states import StateSlots
 from radixlink.memory.swa_allocator import SWAFullSide
