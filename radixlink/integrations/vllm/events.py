@@ -255,11 +255,14 @@ class StoreEvents:
         for key in window:
             if key not in gone:
                 self._announced.move_to_end(key)
-        if gone and len(gone) == len(window):
+        if not gone:
+            return
+        if len(gone) == len(window):
             gone |= self._absent(list(self._announced))
         by_group: dict[int, list[str]] = {}
-        for gid, h in sorted(gone):
-            by_group.setdefault(gid, []).append(h)
+        for gid, h in self._announced:  # NOTE: in announce order (pages of a prompt in order)
+            if (gid, h) in gone:
+                by_group.setdefault(gid, []).append(h)
         for gid, hashes in by_group.items():
             self._removed(gid, hashes)
 
