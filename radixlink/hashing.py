@@ -34,6 +34,7 @@ NAMESPACE_TAG = b"radixlink.namespace\x00"
 _NAMESPACE_ID_LEN = 16
 _CHUNK_PAGES = 512
 _MAX_U32 = 0xFFFFFFFF
+TOKEN_BYTES = 4  # a packed token: uint32 little-endian
 _BIG_ENDIAN = sys.byteorder == "big"
 assert array.array("I").itemsize == 4, "array('I') is not 4 bytes on this platform"
 _NamespaceLike = Any  # None | Namespace | tuple[str, ...] | list[str]
@@ -191,6 +192,25 @@ def page_hashes(
         # NOTE: one C-level map for hex is cheaper than .hex() inside the loop.
         hexes += map(bytes.hex, digests)
     return hexes
+
+
+def key_hashes(key: bytes, page_size: int, algo: str = "sha256", *,
+               namespace: _NamespaceLike = None, parent: str | None = None) -> list[str]:
+    """``page_hashes`` of tokens already packed by ``token_bytes`` (the tree's keys are the hash
+    input as they are, and were checked when packed): one hex digest per whole page of ``key``,
+    continuing ``parent`` or, without one, from ``namespace``'s seed.
+
+    Raises:
+        ValueError: a bad algo, parent or namespace.
+    """
+    digest = _digest_fn(algo)
+    prev = (_seed(_canonical_parts(namespace), algo) if parent is None
+            else _parse_parent(parent, algo))
+    width = TOKEN_BYTES * page_size
+    # NOTE: a void view gives one bytes object per page in one C call (as _page_chunks's)
+    pages = np.frombuffer(key, dtype=f"V{width}", count=len(key) // width).tolist()
+    digests = _sha256_chain(pages, prev) if digest is None else _chain(pages, prev, digest)
+    return list(map(bytes.hex, digests))
 
 
 def _sha256_chain(pages: list[bytes], prev: bytes) -> list[bytes]:

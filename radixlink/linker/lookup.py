@@ -21,9 +21,9 @@ import numpy as np
 
 from radixlink.contract import MatchResult, PoolTransfer
 from radixlink.cost import choose_load_pages
+from radixlink.hashing import TOKEN_BYTES, key_hashes
 from radixlink.linker.parts import LinkerParts
 from radixlink.linker.restorable import presence_from_store, restorable_prefix_pages
-from radixlink.tree.hashes import continue_chain
 
 
 @dataclass(slots=True, kw_only=True)
@@ -112,8 +112,8 @@ def find_restorable(parts: LinkerParts, result: MatchResult, key: bytes,
         return None
     # NOTE: the chain continues at the page where the match ended (an empty match: the seed)
     after = None if prefix == 0 else result.last_node.hash_value[result.node_offset // ps - 1]
-    keys = continue_chain(tokens[prefix : len(tokens) // ps * ps], ps, parts.cache.config.hash_algo,
-                          namespace, after)
+    keys = key_hashes(key[prefix * TOKEN_BYTES : len(tokens) // ps * ps * TOKEN_BYTES], ps,
+                      parts.cache.config.hash_algo, namespace=namespace, parent=after)
     # NOTE: the insert of these tokens that follows reuses the hashes (hashed once per page)
     parts.hash_memo.remember(namespace, key, prefix // ps, keys)
     pages = restorable_pages(parts, keys, namespace)

@@ -1,8 +1,7 @@
-"""Page-hash chains from the tree: ``continue_chain`` (the one continuation of a chain, at a
-page's hash or from the namespace seed; the linker's lookup uses it too), the hashes of a
-new leaf, the chain continued from its parent, taking the hashes a caller already computed
-for these tokens and computing only the rest, and ``PageHashMemo``: the tree's memory of hashes
-a linker's lookup computed (handed down to it), for the insert of the same tokens.
+"""Page-hash chains from the tree: the hashes of a new leaf, the chain continued from its parent
+(``hashing.key_hashes`` over the leaf's packed key), taking the hashes a caller already
+computed for these tokens and computing only the rest, and ``PageHashMemo``: the tree's memory
+of hashes a linker's lookup computed (handed down to it), for the insert of the same tokens.
 
 Must not reshape the tree; knows a node only by its key, parent and hashes.
 """
@@ -12,18 +11,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from radixlink.hashing import page_hashes
-from radixlink.tree.keys import TOKEN_BYTES, key_tokens
+from radixlink.hashing import TOKEN_BYTES, key_hashes
 from radixlink.tree.node import TreeNode
-
-
-def continue_chain(tokens: Any, page_size: int, algo: str, namespace: Any,
-                   after: str | None) -> list[str]:
-    """Chain hashes of ``tokens``' whole pages continuing the chain at ``after`` (the hash of
-    the page right before them), or from ``namespace``'s seed when None (page 0 of a
-    sequence)."""
-    return page_hashes(tokens, page_size, namespace if after is None else None, parent=after,
-                       algo=algo)
 
 
 def leaf_hashes(parent: TreeNode, key: bytes, page_size: int, algo: str,
@@ -47,15 +36,14 @@ def leaf_hashes(parent: TreeNode, key: bytes, page_size: int, algo: str,
         start, hashes = known
         lo, hi = max(first, start), min(first + n, start + len(hashes))
     if hi <= lo:
-        return continue_chain(key_tokens(key), page_size, algo, namespace, after)
+        return key_hashes(key, page_size, algo, namespace=namespace, parent=after)
     out = []
     if lo > first:
-        out = continue_chain(key_tokens(key[: (lo - first) * page_bytes]), page_size, algo,
-                             namespace, after)
+        out = key_hashes(key[: (lo - first) * page_bytes], page_size, algo, namespace=namespace,
+                         parent=after)
     out += hashes[lo - start : hi - start]
     if hi < first + n:
-        out += continue_chain(key_tokens(key[(hi - first) * page_bytes :]), page_size, algo,
-                              None, out[-1])
+        out += key_hashes(key[(hi - first) * page_bytes :], page_size, algo, parent=out[-1])
     return out
 
 

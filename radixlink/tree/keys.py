@@ -17,8 +17,6 @@ import numpy as np
 
 from radixlink.hashing import token_bytes
 
-TOKEN_BYTES = 4
-
 
 def common_prefix_bytes(node_key: bytes, key: bytes, offset: int, page_bytes: int) -> int:
     """Bytes of ``node_key`` that equal ``key[offset:]``, rounded down to whole pages.

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from radixlink.contract import InsertParams, InsertResult
-from radixlink.hashing import namespace_id
+from radixlink.hashing import TOKEN_BYTES, namespace_id
 from radixlink.tree.hashes import PageHashMemo, leaf_hashes
-from radixlink.tree.keys import TOKEN_BYTES, common_prefix_bytes
+from radixlink.tree.keys import common_prefix_bytes
 from radixlink.tree.locks import LockHandle, LockTable
 from radixlink.tree.node import Effects, InsertContext, MatchPath, TreeNode
 from radixlink.tree.protocol import Component, TreeObserver

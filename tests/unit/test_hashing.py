@@ -22,8 +22,10 @@ from radixlink.hashing import (
     HASH_FORMAT_VERSION,
     NAMESPACE_TAG,
     Namespace,
+    key_hashes,
     namespace_id,
     page_hashes,
+    token_bytes,
 )
 
 TOKENS = [1, 2, 3, 4, 5, 6, 7, 8]
@@ -146,6 +148,23 @@ def test_bad_token_anywhere_in_a_long_array_raises(index: int, value: int) -> No
     tokens[index] = value
     with pytest.raises(ValueError, match=rf"got {value} at index {index} \(dtype int64\)"):
         page_hashes(tokens, 2)
+
+
+@pytest.mark.parametrize("algo", ["sha256", "xxh3"])
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_key_hashes_of_packed_tokens_equal_page_hashes(algo: str, page_size: int) -> None:
+    """#46: the tree and the lookup hash their packed keys (token_bytes) with key_hashes; it is
+    page_hashes of the same tokens: from the namespace seed, continuing a parent hash, with a
+    partial tail page ignored, and golden vectors included."""
+    rng = np.random.default_rng(page_size)
+    tokens = rng.integers(0, 2**32, size=7 * page_size + 3, dtype=np.uint64).tolist()
+    key = token_bytes(tokens)
+    whole = page_hashes(tokens, page_size, TINY, algo=algo)
+    assert key_hashes(key, page_size, algo, namespace=TINY) == whole
+    cut = 3 * page_size * 4
+    assert key_hashes(key[cut:], page_size, algo, parent=whole[2]) == whole[3:]
+    assert key_hashes(key[:3], page_size, algo) == []
+    assert key_hashes(token_bytes(TOKENS), 4) == [SHA_H0, SHA_H1]
 
 
 def test_partial_tail_is_ignored() -> None:
