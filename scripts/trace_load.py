@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import builtins
 import functools
 import json
 import re
@@ -139,7 +140,8 @@ def body_lines(key: Key) -> int:
 
 
 def is_forwarder(key: Key) -> bool:
-    """The body (docstring aside) is one call statement, returned or not."""
+    """The body (docstring aside) is one call statement, returned or not, of something other
+    than a builtin (``return min(a, b)`` computes; ``return self.table.lock(node)`` forwards)."""
     node = _defs(key[0]).get(key[1])
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return False
@@ -147,8 +149,11 @@ def is_forwarder(key: Key) -> bool:
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
             and isinstance(body[0].value.value, str):
         body = body[1:]
-    return (len(body) == 1 and isinstance(body[0], (ast.Return, ast.Expr))
-            and isinstance(body[0].value, ast.Call))
+    if len(body) != 1 or not isinstance(body[0], (ast.Return, ast.Expr)):
+        return False
+    call = body[0].value
+    return isinstance(call, ast.Call) and not (
+        isinstance(call.func, ast.Name) and call.func.id in dir(builtins))
 
 
 def _rel(path: str) -> str:

@@ -167,18 +167,26 @@ class Loader:
         return now.last_node, now.device_indices
 
     def _start_transfer(self, lookup: Lookup, node: Any, device_slots: Any) -> Transfer | None:
-        """Lock the device prefix (at ``node``), PREPARE on every component (agreed across
-        ranks) and queue the worker job."""
-        reservation = reserve(self.cache, lookup, node, device_slots)
-        # NOTE: one rank short of room fails it on all
-        ok = reservation is not None
-        if self.world_size > 1:
+        """Lock the device prefix (at ``node``: the one lock, for every member), LOAD + PREPARE
+        on every component taking part, backbone first (agreed across ranks: a refusal on any
+        ABORTs the prepared ones, holding nothing), and queue the worker job."""
+        cache = self.cache
+        reservation = Reservation(lookup=lookup, device_slots=device_slots, handle=cache.lock(node))
+        full = None
+        for component in cache.components:
+            load = None
+            if component.takes_part_in_loads:
+                load = component.prepare_load(lookup.keys, lookup.prefix_len, full)
+                if load is None:
+                    break
+                full = full or load.transfer
+            reservation.loads.append(load)
+        ok = full is not None and len(reservation.loads) == len(cache.components)
+        if self.world_size > 1:  # NOTE: one rank short of room fails it on all
             ok = self.ranks.all_ok(ok)
         if not ok:
-            if reservation is not None:
-                release(self.cache, reservation)
+            release(cache, reservation)
             return None
-        assert reservation is not None
         parts = self.parts
         job = load_job(reservation.transfers, self.cache, parts.codec, parts.keyspace,
                        lookup.namespace, parts.arena)
@@ -276,7 +284,7 @@ class Loader:
         """Publish ``transfer`` (every rank's part landed and verified) or ABORT it, and hand
         each member its outcome (steps 4-5; a collective with several ranks)."""
         self._progress.pop(transfer.job_id, None)
-        reservation, cache, stats = transfer.reservation, self.cache, self.stats
+        reservation, stats = transfer.reservation, self.stats
         ok = done.ok and not transfer.cancelled and not self.closed
         # NOTE: intact = this rank's pages are all still in the store (page I/O deletes the
         # bad ones it read; a missing one is gone)
@@ -291,21 +299,14 @@ class Loader:
             # offloads), so every rank writes them again
             for t in reservation.transfers:
                 self.parts.stored.discard(t.name, t.keys)
-        reason = "" if ok else failure_reason(done, transfer, self.closed)
-        match = None
-        if ok:
-            try:
-                match = publish(cache, reservation)
-            except ValueError as exc:  # the insert refused before changing anything
-                ok, reason = False, f"publish refused: {exc}"
-                stats["failures_publish"] += 1
         if not ok:
-            if reason != "cancelled":
-                stats["failures_load"] += 1
-            failed = [self._failed(member, reason) for member in transfer.members]
-            release(cache, reservation)
-            for outcome in failed:
-                self._put(outcome)
+            self._abort(transfer, failure_reason(done, transfer, self.closed))
+            return
+        try:
+            match = publish(self.cache, reservation)
+        except ValueError as exc:  # the insert refused before changing anything
+            stats["failures_publish"] += 1
+            self._abort(transfer, f"publish refused: {exc}")
             return
         # NOTE: verified pages are in the store: the nodes they cover whole are stored now (a
         # node starting below the loaded tail also holds device pages nobody checked)
@@ -317,11 +318,20 @@ class Loader:
             model.observe_load(Source.STORE, done.num_bytes, done.seconds)
         stats["loaded_bytes"] += done.num_bytes
         stats["loaded_pages"] += len(reservation.lookup.keys)
-        assert match is not None
-        outcomes = success_outcomes(cache, transfer, match)
-        cache.unlock(reservation.handle)
+        outcomes = success_outcomes(self.cache, transfer, match)
+        self.cache.unlock(reservation.handle)
         for outcome in outcomes:
             stats["loaded_tokens"] += outcome.loaded_len  # the store tier's hits
+            self._put(outcome)
+
+    def _abort(self, transfer: Transfer, reason: str) -> None:
+        """ABORT a finished transfer that is not published; each member fails with ``reason``
+        and its own device prefix."""
+        if reason != "cancelled":
+            self.stats["failures_load"] += 1
+        failed = [self._failed(member, reason) for member in transfer.members]
+        release(self.cache, transfer.reservation)
+        for outcome in failed:
             self._put(outcome)
 
     def _failed(self, member: Member, reason: str) -> LoadOutcome:
@@ -396,29 +406,6 @@ def landing(member: Member, progress: LayerProgress | None) -> Landing | None:
 # ---------------------------------------------------------------- the steps of one load
 
 
-def reserve(cache: Any, lookup: Lookup, node: Any,
-            device_slots: torch.Tensor) -> Reservation | None:
-    """A reservation for ``lookup``: the one lock on its (checked) device prefix, ending at
-    ``node``, then LOAD + PREPARE on every component taking part, backbone first (``loads``
-    gets one entry per component); on a refusal the prepared ones are ABORTed in reverse order
-    and None is returned, holding nothing."""
-    reservation = Reservation(lookup=lookup, device_slots=device_slots, handle=cache.lock(node))
-    full = None
-    for component in cache.components:
-        load = None
-        if component.takes_part_in_loads:
-            load = component.prepare_load(lookup.keys, lookup.prefix_len, full)
-            if load is None:
-                release(cache, reservation)
-                return None
-            full = full or load.transfer
-        reservation.loads.append(load)
-    if full is None:  # NOTE: no component takes part: nothing to load
-        release(cache, reservation)
-        return None
-    return reservation
-
-
 def release(cache: Any, reservation: Reservation) -> None:
     """ABORT every prepared load, last component first (frees what PREPARE reserved), and
     drop the reservation's lock."""
@@ -431,10 +418,10 @@ def release(cache: Any, reservation: Reservation) -> None:
 
 def publish(cache: Any, reservation: Reservation) -> MatchResult:
     """Insert the locked device prefix plus the verified loaded slots, with each load's
-    insert fields (tracking adoption, not a hit, no linker callback: the lookup's page keys
-    go with it; COMMIT has nothing left to do: the insert adopted or freed every reserved
-    slot), and check the tree now serves every loaded token (the restored length is the
-    loaded length). Returns that read-only match of the restored prefix.
+    insert fields (not a hit, no linker callback: the lookup's page keys go with it; COMMIT
+    has nothing left to do: the insert adopts or frees every reserved slot), and check the
+    tree now serves every loaded token (the restored length is the loaded length). Returns
+    that read-only match of the restored prefix.
 
     Raises:
         ShortRestore: the tree serves less than ``len(lookup.tokens)`` after the publish (the
@@ -453,18 +440,22 @@ def publish(cache: Any, reservation: Reservation) -> MatchResult:
         if load is not None:
             fields.update(load.insert)
     params = InsertParams(key=lookup.tokens, value=value, prev_prefix_len=prefix,
-                          track_adopted_ranges=True, namespace=lookup.namespace, **fields)
+                          namespace=lookup.namespace, **fields)
     # NOTE: the lookup's page keys, chained from the device prefix: the insert never calls
     # the linker back for them.
     result = cache.insert_loaded(params, page_hashes=(prefix // cache.page_size, lookup.keys))
     # NOTE: what the tree serves along the path the insert just built, with no second walk
     match: MatchResult = cache.match_node(result.last_node)
-    served = match.prefix_len
-    if served < len(lookup.tokens):
+    if match.prefix_len < len(lookup.tokens):
         reservation.loads = []  # NOTE: the insert took every slot
-        message = (f"restored {served} of {len(lookup.tokens)} tokens after publishing a load "
-                   f"of {len(lookup.tokens) - prefix} (a component published less than it "
-                   "loaded: a short SWA window or a missing state)")
-        logger.warning("load failure: %s", message)
-        raise ShortRestore(message)
+        raise _short_restore(match.prefix_len, len(lookup.tokens), prefix)
     return match
+
+
+def _short_restore(served: int, total: int, prefix: int) -> ShortRestore:
+    """The logged failure of a publish that restored ``served`` of ``total`` tokens."""
+    message = (f"restored {served} of {total} tokens after publishing a load of "
+               f"{total - prefix} (a component published less than it loaded: a short window "
+               "or a missing state)")
+    logger.warning("load failure: %s", message)
+    return ShortRestore(message)
