@@ -35,6 +35,7 @@ _NAMESPACE_ID_LEN = 16
 _CHUNK_PAGES = 512
 _MAX_U32 = 0xFFFFFFFF
 TOKEN_BYTES = 4  # a packed token: uint32 little-endian
+_U32 = np.dtype("<u4")
 _BIG_ENDIAN = sys.byteorder == "big"
 assert array.array("I").itemsize == 4, "array('I') is not 4 bytes on this platform"
 _NamespaceLike = Any  # None | Namespace | tuple[str, ...] | list[str]
@@ -340,6 +341,8 @@ def token_bytes(tokens: Any) -> bytes:
     """
     if type(tokens) is list:  # NOTE: every match and insert: converted and checked in C
         return _pack(tokens).tobytes()
+    if isinstance(tokens, np.ndarray) and tokens.dtype == _U32 and tokens.ndim == 1:
+        return tokens.tobytes()  # NOTE: packed already (a linker's lookup keeps such arrays)
     arr = _token_array(tokens)
     if not _in_range(arr):
         raise _range_error(arr)
