@@ -89,13 +89,11 @@ def check_linkable(config: Any, components: Any, pools: Any) -> None:
             "attach_linker needs page hashes: build the cache with "
             "CacheConfig(..., enable_external_cache_linker=True)"
         )
-    settings = {"kv": "kv_layout", "swa": "swa_layout", "mamba": "state_layout"}
     for component in components:
         if pools.get(component.pool_name) is None:
-            name = component.pool_name.value
             raise ValueError(
-                f"attach_linker needs page data: the {name} pool has no tensors; build the "
-                f"cache with CacheConfig(..., {settings[name]}=...)"
+                f"attach_linker needs page data: the {component.pool_name.value} pool has no "
+                f"tensors; build the cache with CacheConfig(..., {component.layout_setting}=...)"
             )
 
 

@@ -110,6 +110,7 @@ class TreeComponent:
 
     component_type: ClassVar[ComponentType]
     pool_name: ClassVar[PoolName]
+    layout_setting: ClassVar[str] = ""  # the CacheConfig field whose layout gives the pool data
     hit_policy: ClassVar[PoolHitPolicy] = PoolHitPolicy.ALL_PAGES
     # Whether LOAD reserves device slots for this component (a LOAD transfer of None is then a
     # refusal: the load is a miss); False = it takes no part in loads.

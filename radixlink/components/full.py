@@ -136,6 +136,7 @@ class FullComponent(TreeComponent):
 
     component_type = _FULL
     pool_name = PoolName.KV
+    layout_setting = "kv_layout"
     takes_part_in_loads = True
     hit_policy = PoolHitPolicy.ALL_PAGES
 

@@ -47,6 +47,7 @@ class MambaComponent(SideComponent):
 
     component_type = _MAMBA
     pool_name = PoolName.MAMBA
+    layout_setting = "state_layout"
     takes_part_in_loads = True
     window_pages = 1  # the state at a boundary is one trailing page
     hit_policy = PoolHitPolicy.TRAILING_PAGES

@@ -73,6 +73,7 @@ class SWAComponent(SideComponent):
 
     component_type = _SWA
     pool_name = PoolName.SWA
+    layout_setting = "swa_layout"
     takes_part_in_loads = True
     hit_policy = PoolHitPolicy.TRAILING_PAGES
 
