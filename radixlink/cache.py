@@ -249,9 +249,10 @@ class UnifiedCache:
     def insert_loaded(self, params: InsertParams, *,
                       page_hashes: tuple[int, list[str]] | None = None) -> InsertResult:
         """``insert`` for pages a linker loaded: the same rules and checks, but it is not a
-        hit (no hit counts, no write-policy trigger) and the linker is not called back, not
-        even for page hashes: ``page_hashes`` = ``(first page, hashes)`` are the chain hashes
-        the lookup computed (the rest are computed here). ``params.namespace`` is an already
+        hit (no hit counts, no write-policy trigger) and the linker is not called back:
+        ``page_hashes`` = ``(first page, hashes)`` are the chain hashes the lookup computed
+        (the rest are computed here). ``match_node(result.last_node)`` then tells what the
+        tree serves of the loaded tokens. ``params.namespace`` is an already
         resolved (layered) one, as the linker's lookups carry it.
 
         Raises:
@@ -348,9 +349,10 @@ class UnifiedCache:
         """Attach an ``ExternalCacheLinker``. From then on ``match_prefix`` with a ``req_id``
         calls ``linker.lookup(result, key, req_id, namespace)``, ``insert`` calls
         ``linker.on_insert(params, result)``, and the tree tells the linker (its
-        ``TreeObserver``) about splits and, before eviction frees any of a node's data, the
-        node while that data is intact. A lookup hands the page hashes it computed down to the
-        tree (``tree.hash_memo``), and the insert of the same tokens takes them from there.
+        ``TreeObserver``), before eviction frees any of a node's data, the node while that data
+        is intact. A split tells nobody: store marks are kept by page hash. A lookup hands the
+        page hashes it computed down to the tree (``tree.hash_memo``), and the insert of the
+        same tokens takes them from there.
 
         Raises:
             ValueError: the cache was built without ``enable_external_cache_linker`` (no page
