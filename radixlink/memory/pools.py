@@ -260,7 +260,10 @@ class KVPool:
                 rows4[:, self._layer(layer), at] = (
                     src.numpy().reshape(src.shape[0], 2, nl, -1)[:, :, layer].transpose(1, 0, 2))
             return
-        index = _torch_index(pages)
+        self._scatter_device(_torch_index(pages), src, layer)
+
+    def _scatter_device(self, index: torch.Tensor, src: torch.Tensor, layer: int | None) -> None:
+        """CUDA: ``scatter`` of wide rows ``src`` (``_rows_view``) with torch index copies."""
         if layer is None:
             if src.is_contiguous():
                 self._rows.index_copy_(0, self._row_index(index), src.view(-1, src.shape[2]))
