@@ -16,6 +16,7 @@ Launch (docs/integrations.md)::
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import torch
@@ -277,9 +278,11 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
         if not keys or host_indices is None or host_indices.numel() != len(keys) * pages.page_size:
             return [False] * len(keys)
         store_keys = self._require_keys().keys(keys, pool)
+        start = time.perf_counter()
         staging, parts = pageio.stage_pages(self._arena, [(codec, store_keys)])
         try:
             read = pageio.read(self._store, parts, bad=self._bad)
+            read_s = time.perf_counter() - start
             ok = [why is None for why in read.reasons]
             good = [i for i, flag in enumerate(ok) if flag]
             if good:
@@ -289,6 +292,11 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
                 pages.write(slots, data)
         finally:
             self._arena.release(*staging)
+        logger.info(
+            "radixlink hicache get: %d of %d %s pages, %d bytes; read and verified in %.4f s, "
+            "landed in %.4f s", len(good), len(keys), pool.value, len(good) * pages.page_bytes,
+            read_s, time.perf_counter() - start - read_s,
+        )
         return ok
 
     def _set(self, pool: PoolName, keys: list[str], host_indices: Any) -> list[bool]:

@@ -11,6 +11,7 @@ import collections
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -164,11 +165,13 @@ class LayerLoader:
         index, moves, ready = job
         staging = None
         try:
+            start = time.perf_counter()
             staging, parts = pageio.stage_pages(self._arena, [(m.codec, m.keys) for m in moves])
             read = pageio.read(self._store, parts, bad=self._bad)
             if not read.ok:
                 raise PageLoadError(_describe(moves, read))
             pages = [part.frames.payloads() for part in parts]
+            read_s = time.perf_counter() - start
             if ready is not None:
                 ready.synchronize()
             for layer in range(self._num_layers):
@@ -176,6 +179,11 @@ class LayerLoader:
                     move.view.write_layer(layer, move.slots, data)
                 self._sync()
                 self._counter.complete(index, layer)
+            logger.info(
+                "radixlink load batch %d: %d pages, %d bytes; read and verified in %.4f s, "
+                "landed in %.4f s", index, sum(len(m.keys) for m in moves),
+                sum(int(p.numel()) for p in pages), read_s, time.perf_counter() - start - read_s,
+            )
         except Exception as exc:  # noqa: BLE001 - reported through the counter, never raised
             logger.warning("radixlink load batch %d failed: %s", index, exc)
             self._counter.fail(index, exc)
