@@ -80,3 +80,18 @@ def test_sitecustomize_loads_the_standins_into_a_fresh_interpreter(tmp_path: Pat
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "raised"
     assert calls.read_text().split()[1:] == ["torchvision.transforms.InterpolationMode.BICUBIC"]
+
+
+def test_an_engine_without_the_standins_stops_with_one_line_naming_the_fix(
+        smollm2: str, tmp_path: Path) -> None:
+    """The library never imports the stand-ins: without them on ``PYTHONPATH`` the engine
+    process refuses before importing SGLang, and the error is one line saying what to do."""
+    from radixlink.integrations.child import NodeError
+    from radixlink.integrations.sglang.engines import EngineSpec, SGLangNode
+
+    with pytest.raises(NodeError) as err:
+        SGLangNode(EngineSpec(model=smollm2, env={"PYTHONPATH": ""}), tmp_path / "engine.log",
+                   start_timeout_s=120)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "sgl_kernel is not importable" in message and "PYTHONPATH=" in message
