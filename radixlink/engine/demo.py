@@ -29,7 +29,8 @@ FAULT_KNOBS = ("fail", "corrupt", "truncate", "delay_ms", "enospc")
 LONG_PREFIX = 1000  # tokens: "follow-up turns with a long cached prefix"
 # Engines other than the reference one, by name: their module's ``run(args)`` replays this
 # demo's workload on them (imported lazily: each needs its engine installed).
-ENGINES: dict[str, str | None] = {"reference": None, "vllm": "radixlink.integrations.vllm.demo"}
+ENGINES: dict[str, str | None] = {"reference": None, "vllm": "radixlink.integrations.vllm.demo",
+                                  "sglang": "radixlink.integrations.sglang.demo"}
 
 
 def faults_url(inner: str, faults: str, seed: int) -> str:
@@ -128,7 +129,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=list(ENGINES), default="reference",
                    help="reference: radixlink's own engine and tree (default); vllm: real "
                    "vLLM engines with radixlink's connector (needs .venv-vllm-cpu: make "
-                   "demo-vllm)")
+                   "demo-vllm); sglang: real SGLang engines with radixlink's linker (needs "
+                   ".venv-sglang-cpu and the stand-ins: make demo-sglang)")
     p.add_argument("--conversations", type=positive, default=4)
     p.add_argument("--turns", type=positive, default=3, help="user turns per conversation")
     p.add_argument("--max-new-tokens", type=positive, default=16)

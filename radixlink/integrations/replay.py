@@ -1,0 +1,112 @@
+"""The reference demo's conversation workload replayed on real engines (``demo --engine vllm``,
+``demo --engine sglang``): the tokenizer of a Hugging Face model directory, one record per
+served turn, the replay itself (turn k+1 on another node), the per-node tables and the
+comparison with a cache-off run.
+
+Owns what both real-engine demos share. Each engine's demo supplies ``serve`` (one request
+at a time, with where its prompt tokens came from, from the engine's own counters) and its
+nodes. Must not start engines.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from radixlink.engine.demo import LONG_PREFIX, percentile, print_table
+from radixlink.engine.weights import ChatTokenizer
+from radixlink.engine.workload import WorkloadSpec, build_workload, schedule, turn_prompt
+
+
+class HFTokenizer(ChatTokenizer):
+    """A Hugging Face ``tokenizer.json`` behind the reference workload's tokenizer API."""
+
+    def __init__(self, model_dir: str):
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+        self.eos_token_id = self._tok.token_to_id("<|im_end|>") or 0
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Any) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=True))
+
+
+@dataclass(slots=True, kw_only=True)
+class Turn:
+    """One served request, its outputs and where its prompt tokens came from (``device``,
+    ``store``, ``computed``)."""
+
+    node: int
+    prompt_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    ttft_s: float = 0.0
+    tokens: dict[str, int] = field(default_factory=dict)
+
+
+# serve(node, prompts, max_new) -> one Turn per prompt (node = -1: replay sets it)
+Serve = Callable[[Any, list[list[int]], int], list[Turn]]
+
+
+def replay(nodes: Sequence[Any], tok: HFTokenizer, spec: WorkloadSpec, max_new: int,
+           num_routes: int, serve: Serve) -> dict[tuple[int, int], Turn]:  # fmt: skip
+    """Round k serves turn k of every conversation; turn k+1 goes to another route. Routes
+    map onto ``nodes`` round-robin (the cache-off run serves every route on one engine: its
+    outputs do not depend on where a turn runs); the nodes serve side by side."""
+    convs = build_workload(spec, tok)
+    done: dict[tuple[int, int], Turn] = {}
+    with ThreadPoolExecutor(len(nodes)) as pool:
+        for turns in schedule(spec.num_conversations, spec.num_turns, num_routes):
+            jobs: dict[int, list[tuple[tuple[int, int], int, list[int]]]] = {}
+            for route, conv_id, turn in turns:
+                prev = done.get((conv_id, turn - 1))
+                history = [] if prev is None else prev.prompt_ids + [
+                    t for t in prev.output_ids if t != tok.eos_token_id]
+                prompt = turn_prompt(tok, convs[conv_id], turn, history)
+                jobs.setdefault(route % len(nodes), []).append(((conv_id, turn), route, prompt))
+            futures = {i: pool.submit(serve, nodes[i], [p for _, _, p in batch], max_new)
+                       for i, batch in jobs.items()}
+            for i, batch in jobs.items():
+                for (key, route, _), record in zip(batch, futures[i].result(), strict=True):
+                    record.node = route
+                    done[key] = record
+    return done
+
+
+def _row(label: str, turns: list[Turn]) -> dict[str, Any]:
+    ttft = [t.ttft_s for t in turns]
+    return {"mode": label, "requests": len(turns),
+            "device tok": sum(t.tokens.get("device", 0) for t in turns),
+            "store tok": sum(t.tokens.get("store", 0) for t in turns),
+            "recomputed": sum(t.tokens.get("computed", 0) for t in turns),
+            "prefill s": round(sum(ttft), 2),
+            "TTFT p50 s": round(percentile(ttft, 50), 3),
+            "TTFT p99 s": round(percentile(ttft, 99), 3)}
+
+
+def report(on: dict[tuple[int, int], Turn], off: dict[tuple[int, int], Turn],
+           num_nodes: int) -> int:
+    """Per-node tables, the follow-up TTFT ratio and the identity line; 1 if outputs differ."""
+    for node in range(num_nodes):
+        print_table(f"node {node}", [
+            _row("cache on", [t for t in on.values() if t.node == node]),
+            _row("cache off", [off[k] for k, t in on.items() if t.node == node and k in off])])
+    keys = [k for k, t in on.items() if t.tokens.get("store", 0) > 0 and k in off
+            and t.tokens.get("store", 0) + t.tokens.get("device", 0) > LONG_PREFIX]
+    if keys:
+        off_ttft = statistics.median(off[k].ttft_s for k in keys)
+        on_ttft = statistics.median(on[k].ttft_s for k in keys)
+        print(f"follow-up turns served from another node's pages with a prefix over "
+              f"{LONG_PREFIX} tokens: {len(keys)} requests, median TTFT cache off "
+              f"{off_ttft:.3f} s / cache on {on_ttft:.3f} s = {off_ttft / on_ttft:.1f}x lower")
+    else:
+        print(f"no follow-up turn reused over {LONG_PREFIX} tokens from the store")
+    same = sum(1 for k, t in off.items() if k in on and on[k].output_ids == t.output_ids)
+    print(f"outputs identical to cache-off run: {same}/{len(off)} requests")
+    return 0 if same == len(off) == len(on) else 1
