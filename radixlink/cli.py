@@ -30,6 +30,7 @@ BENCHES: dict[str, str] = {
     "cluster": "radixlink.bench.cluster",
     "e2e": "radixlink.bench.e2e",
     "vllm": "radixlink.bench.vllm_engine",
+    "sglang": "radixlink.bench.sglang_engine",
     "all": "radixlink.bench.all",
 }
 

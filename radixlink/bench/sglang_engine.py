@@ -1,0 +1,202 @@
+"""`radixlink bench sglang`: radixlink inside real SGLang on CPU (SmolLM2-135M fp32,
+``torch_native``), its two plug points side by side in one run: ``RadixlinkLinker`` (the
+unified cache external linker) and ``RadixlinkHiCacheStorage`` (HiCache's storage backend),
+against an engine with SGLang's own device tree and no store.
+
+Per round (a new prompt each; rounds alternate which engine goes first, ABAB): the cold run on
+an empty store against no store; then each store engine empties its tree and serves the prompt
+again (a store hit); then device-tree hits. Reports TTFT per case (median over rounds), the
+cold-run cost, and the load rate inside the engine (the linker's and the backend's own
+per-batch log lines: read + verify, and landing) against a raw batched read of the same pages
+from the same store. Needs .venv-sglang-cpu and the stand-ins on PYTHONPATH:
+``PYTHONPATH=tests/engines/sglang_cpu/standins .venv-sglang-cpu/bin/radixlink bench sglang``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from radixlink.cmdargs import CommandParser, int_at_least
+
+CASES = ("recompute", "linker cold", "hicache cold", "linker store hit", "hicache store hit",
+         "device hit", "linker device hit")
+_LOAD_LINE = re.compile(r"radixlink (?:load batch \d+|hicache get): (?:(\d+) of )?(\d+) "
+                        r"(?:\w+ )?pages, (\d+) bytes; read and verified in ([\d.]+) s, "
+                        r"landed in ([\d.]+) s")
+
+
+def _prompts(model_dir: str, num: int, prefix_len: int) -> list[list[int]]:
+    """``num`` prompts of ``prefix_len`` + 32 tokens, no two sharing a page."""
+    from pydoc_data.topics import topics
+
+    from radixlink.integrations.replay import HFTokenizer
+
+    tok = HFTokenizer(model_dir)
+    names = sorted(topics)
+    out = []
+    for i in range(num):
+        ids = tok.encode(f"Document {i}.\n" + "\n\n".join(topics[n] for n in names[i::num]))
+        assert len(ids) >= prefix_len + 32, "not enough text"
+        out.append(ids[: prefix_len + 32])
+    return out
+
+
+def _loads(log: str) -> dict[str, float]:
+    """Pages, payload bytes and seconds of every store load an engine's log reports."""
+    pages = nbytes = read_s = land_s = 0.0
+    for match in _LOAD_LINE.finditer(log):
+        good, total, size, read, land = match.groups()
+        pages += float(good if good is not None else total)
+        nbytes += float(size)
+        read_s += float(read)
+        land_s += float(land)
+    return {"pages": pages, "bytes": nbytes, "read_s": read_s, "land_s": land_s}
+
+
+def _raw_read(url: str, batch_pages: int, repeat: int = 3) -> dict[str, float]:
+    """The best of ``repeat`` batched reads of every page in the store (``batch_pages`` per
+    ``get``): what the engine's loads read, without verification or landing."""
+    from radixlink.stores import open_store
+
+    with open_store(url) as store:
+        keys = sorted(key for key, _ in store.scan())
+        best, nbytes = float("inf"), 0
+        for _ in range(repeat):
+            start = time.perf_counter()
+            nbytes = 0
+            for i in range(0, len(keys), batch_pages):
+                nbytes += sum(len(b or b"") for b in store.get(keys[i:i + batch_pages]))
+            best = min(best, time.perf_counter() - start)
+    return {"pages": len(keys), "bytes": nbytes, "s": best}
+
+
+def _round(nodes: dict[str, Any], prompt: list[int], new_tokens: int, flip: bool,
+           ttft: dict[str, list[float]], outs: set[tuple[int, ...]]) -> None:  # fmt: skip
+    """One prompt through every case; ``flip`` reverses the order of the engines."""
+
+    def serve(name: str, case: str, source: str | None = None) -> None:
+        served = nodes[name].generate([prompt], new_tokens)[0]
+        assert not served.aborted, f"{case}: SGLang aborted the request"
+        if source is not None:
+            assert getattr(served, source) > 0, f"{case}: nothing came from the {source} counter"
+        ttft[case].append(served.ttft_s)
+        outs.add(tuple(served.output_ids))
+
+    order = (["plain", "linker", "hicache"])[:: -1 if flip else 1]
+    cold = {"plain": "recompute", "linker": "linker cold", "hicache": "hicache cold"}
+    for name in order:
+        serve(name, cold[name])
+    for name in order:
+        if name != "plain":
+            assert nodes[name].flush_cache(), f"{name}: SGLang did not empty its tree"
+            time.sleep(0.5)  # NOTE: lets the last offload reach the store before the lookup
+            serve(name, f"{name} store hit", "host" if name == "linker" else "storage")
+    for name in order[::-1]:
+        if name != "hicache":
+            serve(name, "device hit" if name == "plain" else "linker device hit", "device")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from radixlink.engine.hf_export import export
+    from radixlink.integrations.sglang.engines import CacheMode, EngineSpec, start_side_by_side
+
+    model = str(export("smollm2-135m"))
+    tmp = Path(tempfile.mkdtemp(prefix="radixlink-bench-sglang-"))
+    stores = {"linker": f"file://{tmp}/linker", "hicache": f"file://{tmp}/hicache"}
+    prompts = _prompts(model, args.rounds + 1, args.prefix_tokens)
+    load_before = os.getloadavg()
+    specs = {"plain": EngineSpec(model=model, cache=CacheMode.DEVICE),
+             "linker": EngineSpec(model=model, cache=CacheMode.LINKER, store=stores["linker"],
+                                  log_level="info"),
+             "hicache": EngineSpec(model=model, cache=CacheMode.HICACHE,
+                                   store=stores["hicache"], log_level="info")}
+    ttft: dict[str, list[float]] = {case: [] for case in CASES}
+    nodes: dict[str, Any] = {}
+    try:
+        started = start_side_by_side(list(specs.values()),
+                                     [tmp / f"{name}.log" for name in specs])
+        nodes = dict(zip(specs, started, strict=True))
+        warm: dict[str, list[float]] = {case: [] for case in CASES}
+        _round(nodes, prompts[0], args.new_tokens, False, warm, set())  # NOTE: warm-up
+        logs_before = {n: len(nodes[n].log_tail(10**7)) for n in ("linker", "hicache")}
+        identical = True
+        for r, prompt in enumerate(prompts[1:]):
+            outs: set[tuple[int, ...]] = set()
+            _round(nodes, prompt, args.new_tokens, r % 2 == 1, ttft, outs)
+            identical &= len(outs) == 1
+        loads = {n: _loads(nodes[n].log_tail(10**7)[logs_before[n]:])
+                 for n in ("linker", "hicache")}
+        per_batch = max(1, int(loads["linker"]["pages"] / max(1, args.rounds)))
+        raw = {n: _raw_read(url, per_batch) for n, url in stores.items()}
+    finally:
+        for node in nodes.values():
+            node.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    med = {case: statistics.median(v) for case, v in ttft.items()}
+    return {
+        "model": "smollm2-135m fp32 (SGLang 0.5.23, CPU, torch_native)",
+        "prompt_tokens": args.prefix_tokens + 32, "rounds": args.rounds,
+        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        "outputs_identical_across_cases": identical,
+        "rows": [{"case": case, "requests": len(ttft[case]),
+                  "TTFT p50 s": round(med[case], 4),
+                  "TTFT min s": round(min(ttft[case]), 4)} for case in CASES],
+        "store_hit_vs_recompute_ttft": {p: round(med["recompute"] / med[f"{p} store hit"], 2)
+                                        for p in ("linker", "hicache")},
+        "store_hit_vs_device_hit_ttft": {p: round(med[f"{p} store hit"] / med["device hit"], 2)
+                                         for p in ("linker", "hicache")},
+        "cold_vs_no_store_ttft": {p: round(med[f"{p} cold"] / med["recompute"], 3)
+                                  for p in ("linker", "hicache")},
+        "load": {n: _rates(loads[n], raw[n]) for n in loads},
+    }
+
+
+def _rates(load: dict[str, float], raw: dict[str, float]) -> dict[str, float]:
+    gbps = (lambda b, s: round(b / s / 1e9, 3) if s > 0 else 0.0)  # noqa: E731
+    return {"pages": load["pages"], "MB": round(load["bytes"] / 1e6, 2),
+            "read_verify_GBps": gbps(load["bytes"], load["read_s"]),
+            "read_verify_land_GBps": gbps(load["bytes"], load["read_s"] + load["land_s"]),
+            "raw_read_GBps": gbps(raw["bytes"], raw["s"])}
+
+
+def main(argv: list[str]) -> int:
+    p = CommandParser(prog="radixlink bench sglang", description=__doc__)
+    p.add_argument("--rounds", type=int_at_least(3), default=3,
+                   help="prompts, one per round (ABAB order; medians over rounds)")
+    p.add_argument("--prefix-tokens", type=int_at_least(128), default=1000)
+    p.add_argument("--new-tokens", type=int_at_least(1), default=8)
+    p.add_argument("--json", default="bench/results/sglang.json", help="write the results here")
+    args = p.parse_args(argv)
+    from radixlink.integrations.sglang.demo import missing
+
+    why = missing()
+    if why is not None:
+        raise ImportError(why.replace("radixlink demo --engine sglang", "radixlink bench sglang"))
+    result = run(args)
+    from radixlink.engine.demo import print_table
+
+    print_table(f"bench sglang: {result['model']}, prompts of {result['prompt_tokens']} tokens, "
+                f"{result['rounds']} rounds (load average before/after "
+                f"{result['load_average_before_after']})", result["rows"])
+    for p_name in ("linker", "hicache"):
+        load = result["load"][p_name]
+        print(f"{p_name}: store hit TTFT {result['store_hit_vs_recompute_ttft'][p_name]}x lower "
+              f"than recompute, {result['store_hit_vs_device_hit_ttft'][p_name]}x a device hit; "
+              f"cold run {result['cold_vs_no_store_ttft'][p_name]}x the TTFT without a store; "
+              f"loads {load['MB']} MB at {load['read_verify_GBps']} GB/s read+verify, "
+              f"{load['read_verify_land_GBps']} GB/s with landing; raw read of the same store "
+              f"{load['raw_read_GBps']} GB/s")
+    print(f"outputs identical across cases: {result['outputs_identical_across_cases']}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
