@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pydoc_data.topics import topics
 
 from radixlink.stores import open_store
+from radixlink.stores.codec import key_digest
 
 EXTERNAL = "vllm:prompt_tokens_by_source{source=external_kv_transfer}"
 COMPUTED = "vllm:prompt_tokens_by_source{source=local_compute}"
@@ -89,16 +90,53 @@ def damage(url: str, num: int) -> dict[str, str]:
         return done
 
 
-# The prompt sets of the suite, by name: (builder kwargs, new tokens, batched). The baseline
-# (conftest) computes each set's reference outputs once, the way the tests run it: one batch,
-# or one request at a time.
-PROMPT_SETS: dict[str, tuple[dict[str, int], int, bool]] = {
-    "shared": ({}, 16, True),
-    "shared-singles": ({}, 16, False),
-    "sched": ({"num": 4, "total_len": 1270}, 24, True),
-    "servers": ({"num": 3, "seed": 2}, 16, False),
+def forge_swaps(url: str, num_pairs: int) -> list[tuple[str, str]]:
+    """Swap the payloads of ``num_pairs`` pairs of pages and rewrite each header's key digest
+    to its new key, so every check passes (the pages are whole, checksummed and name the key
+    they sit under) but the KV is another page's: what a connector defect that landed the
+    wrong page would load. Returns the swapped pairs."""
+    with open_store(url) as store:
+        keys = sorted(key for key, _ in store.scan())
+        assert len(keys) >= 2 * num_pairs, f"only {len(keys)} pages stored"
+        step = len(keys) // (2 * num_pairs)
+        picked = [keys[step * i] for i in range(2 * num_pairs)]
+        pairs = list(zip(picked[0::2], picked[1::2], strict=True))
+        for a, b in pairs:
+            blob_a, blob_b = store.get([a, b])
+            assert blob_a is not None and blob_b is not None
+            store.put({a: _rekeyed(blob_b, b, a), b: _rekeyed(blob_a, a, b)})
+        return pairs
+
+
+def _rekeyed(blob: bytes, old: str, new: str) -> bytes:
+    # NOTE: the key digest sits at bytes 24..40 of the header (stores/codec.py's diagram);
+    # the checksum covers the payload only, so the page then verifies under ``new``
+    assert blob[24:40] == key_digest(old), "the page header layout changed: update _rekeyed"
+    return blob[:24] + key_digest(new) + blob[40:]
+
+
+@dataclass(frozen=True, slots=True)
+class SetSpec:
+    """How the suite runs one prompt set: on which model, built how, for how many new tokens,
+    as one batch or one request at a time."""
+
+    model: str  # the model fixture's name
+    kwargs: dict[str, int]  # shared_prefix_prompts' arguments
+    new_tokens: int
+    batched: bool
+
+
+# The prompt sets of the suite, by name. The session baseline of each model (conftest) runs
+# every set of that model once, the way the tests run it (one batch, or one request at a
+# time: compare like with like), and checks it against HF transformers.
+PROMPT_SETS: dict[str, SetSpec] = {
+    "shared": SetSpec("smollm2", {}, 16, True),
+    "shared-singles": SetSpec("smollm2", {}, 16, False),
+    "sched": SetSpec("smollm2", {"num": 4, "total_len": 1270}, 24, True),
+    "servers": SetSpec("smollm2", {"num": 3, "seed": 2}, 16, False),
+    "gemma": SetSpec("gemma3", {"num": 3}, 16, False),
 }
 
 
 def prompt_set(tokenizer: object, name: str) -> list[list[int]]:
-    return shared_prefix_prompts(tokenizer, **PROMPT_SETS[name][0]).prompts
+    return shared_prefix_prompts(tokenizer, **PROMPT_SETS[name].kwargs).prompts

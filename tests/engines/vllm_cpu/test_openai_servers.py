@@ -15,13 +15,14 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from .conftest import tokenizer_of
 from .kit import PROMPT_SETS, prompt_set
 
-NEW_TOKENS = PROMPT_SETS["servers"][1]
+NEW_TOKENS = PROMPT_SETS["servers"].new_tokens
 
 
 def _free_port() -> int:
@@ -114,12 +115,12 @@ def _external_tokens(metrics: str) -> float:
 
 
 def test_two_api_servers_share_pages_through_the_store(
-        smollm2: str, servers: list[Server], baseline: dict[str, list[list[int]]]) -> None:
+        smollm2: str, servers: list[Server], baseline: Any) -> None:
     """The reference outputs come from the offline baseline engine (same settings, no
     connector, no prefix cache)."""
     first, second = servers
     prompts = prompt_set(tokenizer_of(smollm2), "servers")
-    expected = baseline["servers"]
+    expected = baseline.outputs["servers"]
     assert [first.complete(p) for p in prompts] == expected
     assert _external_tokens(first.metrics()) == 0
     assert [second.complete(p) for p in prompts] == expected
