@@ -76,6 +76,13 @@ class EngineSpec:
         if (self.cache in (CacheMode.LINKER, CacheMode.HICACHE)) != (self.store is not None):
             raise ValueError(f"EngineSpec: cache={self.cache.value} with store={self.store!r}; "
                              "a store URL goes with cache=linker or cache=hicache only")
+        for name in ("page_size", "max_total_tokens", "context_length", "max_running_requests"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"EngineSpec: {name}={getattr(self, name)!r}; expected a "
+                                 "positive int")
+        if self.max_total_tokens < self.page_size:
+            raise ValueError(f"EngineSpec: max_total_tokens={self.max_total_tokens} holds no "
+                             f"page of {self.page_size} tokens; raise it")
 
 
 def server_args(spec: EngineSpec) -> dict[str, Any]:
