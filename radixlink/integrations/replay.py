@@ -90,6 +90,15 @@ def _row(label: str, turns: list[Turn]) -> dict[str, Any]:
             "TTFT p99 s": round(percentile(ttft, 99), 3)}
 
 
+def _shares(turns: list[Turn]) -> str:
+    """Where the prompt tokens of ``turns`` came from: store, device and recomputed, each
+    with its share of their sum."""
+    counts = {src: sum(t.tokens.get(src, 0) for t in turns)
+              for src in ("store", "device", "computed")}
+    total = max(1, sum(counts.values()))
+    return ", ".join(f"{src} {n} ({100 * n / total:.0f}%)" for src, n in counts.items())
+
+
 def report(on: dict[tuple[int, int], Turn], off: dict[tuple[int, int], Turn],
            num_nodes: int) -> int:
     """Per-node tables, the follow-up TTFT ratio and the identity line; 1 if outputs differ."""
@@ -107,6 +116,8 @@ def report(on: dict[tuple[int, int], Turn], off: dict[tuple[int, int], Turn],
               f"{off_ttft:.3f} s / cache on {on_ttft:.3f} s = {off_ttft / on_ttft:.1f}x lower")
     else:
         print(f"no follow-up turn reused over {LONG_PREFIX} tokens from the store")
+    print("prompt tokens, cache on: " + _shares(list(on.values())) + "; in those follow-up "
+          "turns: " + _shares([on[k] for k in keys]))
     same = sum(1 for k, t in off.items() if k in on and on[k].output_ids == t.output_ids)
     print(f"outputs identical to cache-off run: {same}/{len(off)} requests")
     return 0 if same == len(off) == len(on) else 1
