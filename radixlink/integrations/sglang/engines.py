@@ -93,7 +93,9 @@ def server_args(spec: EngineSpec) -> dict[str, Any]:
     or recomputed); HiCache runs ``layer_first`` with ``direct`` I/O (the one CPU copy path
     the stand-ins cover), waits for every prefetch (``wait_complete``), so a store hit is
     never cut short by a timeout, and prefetches any whole page (``prefetch_threshold``, 256
-    tokens by default), as the linker loads any.
+    tokens by default), as the linker loads any. ``sleep_on_idle``: an idle scheduler polls
+    its sockets in a busy loop otherwise, a whole core per engine, which on a small machine
+    the busy engine then shares.
     """
     args: dict[str, Any] = {
         "model_path": spec.model, "device": "cpu", "attention_backend": "torch_native",
@@ -101,7 +103,7 @@ def server_args(spec: EngineSpec) -> dict[str, Any]:
         "max_total_tokens": spec.max_total_tokens, "mem_fraction_static": 0.5,
         "context_length": spec.context_length,
         "max_running_requests": spec.max_running_requests, "random_seed": 0,
-        "enable_metrics": True, "log_level": spec.log_level,
+        "enable_metrics": True, "log_level": spec.log_level, "sleep_on_idle": True,
     }
     if spec.cache is CacheMode.OFF:
         args["disable_radix_cache"] = True
