@@ -33,7 +33,7 @@ def test_flags_for_each_cache_mode() -> None:
     assert extra["class_name"] == "RadixlinkHiCacheStorage" and extra["interface_v1"] == 1
     assert hicache["hicache_mem_layout"] == "layer_first"
     for args in (linker, hicache):
-        assert args["device"] == "cpu" and args["dtype"] == "float32"
+        assert args["device"] == "cpu" and args["dtype"] == "float32" and args["sleep_on_idle"]
         assert args["attention_backend"] == "torch_native" and "disable_radix_cache" not in args
 
 
