@@ -8,18 +8,22 @@ radixlink function entered (every thread, so the store worker counts too), and f
 - tree matches: ``RadixTree.match`` calls (the same tokens matched again), tree walks
   (``RadixTree._walk``: matches and inserts), and locks taken (``LockTable.lock``).
 
-The scenarios (issue #23's): a ``memory://`` store; node A offloads a 64-token prompt
+The tree's scenarios (issue #23's): a ``memory://`` store; node A offloads a 64-token prompt
 (``write_through``); node B, holding a 16-token device prefix, loads the rest through the
 public API (match + LOOKUP -> load -> wait_load -> unlock). The same for a FULL+SWA+MAMBA cache.
-A scenario is a function in ``SCENARIOS`` (more paths, e.g. an engine's, are added there, and
-skipped where their imports fail). It measures the ``radixlink`` it imports: run it with
+The engines' scenarios run their scheduler-level harnesses (tests/engines/sglang, tests/engines/
+vllm) in the engine's venv: SGLang's linker LOAD (.venv-sglang) and vLLM's worker LOAD
+(.venv-vllm), each on a ``file://`` store. A scenario is a function in ``SCENARIOS``, skipped
+where its imports fail. It measures the ``radixlink`` it imports: run it with
 ``PYTHONPATH=<a checkout>`` to measure another commit. Usage::
 
     python scripts/trace_load.py                 # a table
+    .venv-sglang/bin/python scripts/trace_load.py --scenario sglang-linker-load
+    .venv-vllm/bin/python scripts/trace_load.py --scenario vllm-worker-load
     python scripts/trace_load.py --json          # one JSON object
     python scripts/trace_load.py --files         # and the files each scenario entered
     python scripts/trace_load.py --markdown      # the table as docs/linker.md embeds it
-    python scripts/trace_load.py --write-doc docs/linker.md   # replace the embedded table
+    python scripts/trace_load.py --write-doc docs/linker.md   # replace the measured rows
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import functools
 import json
 import re
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -245,12 +250,80 @@ def _tree(kind: str) -> dict[str, Run]:
     return tree_paths(kind)
 
 
-# label -> a function returning that path's run; an engine's path (the SGLang linker, the vLLM
-# worker, through their venvs) is one more entry, its imports inside the function
+# ---------------------------------------------------------------- the engines' scenarios
+
+
+def sglang_linker_load() -> Run:
+    """SGLang's LOAD through ``RadixlinkLinker`` (run by .venv-sglang's python): the
+    scheduler-level harness (tests/engines/sglang/harness.py: SGLang's own UnifiedRadixCache,
+    its linker wrapper and factory, CPU pools, FULL). Node A serves and offloads the prompt on
+    a ``file://`` store; node B, holding nothing, restores it as SGLang's scheduler does
+    (match with LOOKUP, init_load_back, ready_to_load_host_cache, the per-layer waits,
+    finish_external_linker_loads). Only radixlink's functions are counted."""
+    sys.path.insert(0, str(ROOT))
+    import tests.engines.sglang.conftest  # noqa: F401 - SGLang's import stand-ins (torchvision)
+    from tests.engines.sglang.harness import FULL, Node
+
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"file://{tmp}/store"
+        a, b = Node(FULL, url, seed=1), Node(FULL, url, seed=2)
+        try:
+            a.serve([7] * 64)  # NOTE: warm up: the first call of anything imports and builds
+            b.restore([7] * 64, "warm")
+            a.serve(PROMPT)
+            with TRACER.traced() as run:
+                got = b.restore(PROMPT, "b")
+            assert (got.loaded_len, got.failed) == (len(PROMPT), False), got
+        finally:
+            a.close()
+            b.close()
+    return run
+
+
+def vllm_worker_load() -> Run:
+    """vLLM's LOAD through ``RadixlinkConnector`` (run by .venv-vllm's python): the
+    scheduler-level harness (tests/engines/vllm/harness.py: vLLM's real Scheduler and
+    KVCacheManager, one worker-role connector over CPU KV tensors, one full-attention group).
+    Node 1 computes and saves a 100-token prompt on a ``file://`` store; node 2 steps until
+    its 6 pages landed: the scheduler's lookup and load plan, the worker's batched read,
+    verify and scatter. Only radixlink's functions are counted."""
+    sys.path.insert(0, str(ROOT))
+    from tests.engines.vllm.harness import Node, write_model_dir
+
+    prompt = [(i * 37) % 997 + 3 for i in range(100)]
+    with tempfile.TemporaryDirectory() as tmp:
+        model, url = write_model_dir(Path(tmp) / "model"), f"file://{tmp}/store"
+        one, two = Node(model, url), Node(model, url)
+        try:
+            for node, req in ((one, "warm"), (two, "warm2")):  # NOTE: warm up both roles
+                node.add(req, [5] * 100)
+                node.run()
+            one.add("a", prompt)
+            one.run()
+            worker = two.workers[0].worker
+            with TRACER.traced() as run:
+                two.add("b", prompt)
+                for _ in range(10):
+                    two.step()
+                    two.wait_io()
+                    if worker.stats["loaded_pages"] >= 6:
+                        break
+            assert worker.stats["loaded_pages"] >= 6, worker.stats
+            two.run()
+        finally:
+            one.close()
+            two.close()
+    return run
+
+
+# label -> a function returning that path's run; an engine's path runs where its imports do
+# (its venv) and is skipped elsewhere
 SCENARIOS: dict[str, Callable[[], Run]] = {
     "FULL LOAD": lambda: _tree("full")["load"],
     "FULL OFFLOAD": lambda: _tree("full")["offload"],
     "FULL+SWA+MAMBA LOAD": lambda: _tree("swa+mamba")["load"],
+    "SGLang linker LOAD": sglang_linker_load,
+    "vLLM worker LOAD": vllm_worker_load,
 }
 
 # ---------------------------------------------------------------- output
@@ -273,13 +346,26 @@ def markdown(rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_doc(path: Path, table: str) -> None:
-    """Replace what stands between the markers in ``path`` with ``table``."""
+def write_doc(path: Path, rows: dict[str, dict[str, Any]]) -> None:
+    """Replace the rows of ``rows``' paths in the table between the markers of ``path``; the
+    rows of paths not measured here (another venv's engine) stay, in ``SCENARIOS`` order."""
     text = path.read_text()
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
-    if not pattern.search(text):
+    pattern = re.compile(re.escape(BEGIN) + r"\n(.*?)" + re.escape(END), re.S)
+    found = pattern.search(text)
+    if not found:
         raise SystemExit(f"{path} has no {BEGIN} ... {END} block")
-    path.write_text(pattern.sub(lambda _: f"{BEGIN}\n{table}\n{END}", text))
+    kept = {line.split("|")[1].strip(): line for line in found.group(1).splitlines()[2:]
+            if line.startswith("| ")}
+    table = markdown(rows).splitlines()
+    fresh = {line.split("|")[1].strip(): line for line in table[2:]}
+    order = [label for label in SCENARIOS if label in kept or label in fresh]
+    body = [fresh.get(label) or kept[label] for label in order]
+    block = "\n".join([*table[:2], *body])
+    path.write_text(pattern.sub(lambda _: f"{BEGIN}\n{block}\n{END}", text))
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -288,12 +374,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", action="store_true", help="list the files entered")
     parser.add_argument("--markdown", action="store_true", help="print a markdown table")
     parser.add_argument("--write-doc", type=Path, metavar="PATH",
-                        help="replace the table between the trace_load markers of PATH")
+                        help="replace the measured paths' rows of the table between the "
+                             "trace_load markers of PATH")
+    parser.add_argument("--scenario", action="append", choices=[_slug(k) for k in SCENARIOS],
+                        help="measure only this path (repeatable; default: every path whose "
+                             "imports work here)")
     args = parser.parse_args(argv)
+    chosen = {label: run for label, run in SCENARIOS.items()
+              if not args.scenario or _slug(label) in args.scenario}
     threading.setprofile(TRACER)
     sys.setprofile(TRACER)
     rows: dict[str, dict[str, Any]] = {}
-    for label, scenario in SCENARIOS.items():
+    for label, scenario in chosen.items():
         try:
             rows[label] = measure(scenario())
         except ImportError as exc:  # an engine's path outside its venv
@@ -301,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.setprofile(None)
     threading.setprofile(None)  # type: ignore[arg-type]
     if args.write_doc:
-        write_doc(args.write_doc, markdown(rows))
+        write_doc(args.write_doc, rows)
     if args.json:
         out = {label: {k: v for k, v in row.items() if args.files or k != "entered"}
                for label, row in rows.items()}
