@@ -131,15 +131,16 @@ def _baseline(model: str, model_dir: str, log: Path) -> Baseline:
 def _hf_reference(model_dir: str, sets: dict[str, list[list[int]]]) -> dict[str, list[list[int]]]:
     """HF transformers' outputs for every set (a set the suite runs two ways runs once)."""
     from .kit import PROMPT_SETS
-    from .reference import hf_greedy
+    from .reference import HFReference
 
     reference: dict[str, list[list[int]]] = {}
     done: dict[tuple[str, int], list[list[int]]] = {}
-    for name, prompts in sets.items():
-        key = (repr(prompts), PROMPT_SETS[name].new_tokens)
-        if key not in done:
-            done[key] = hf_greedy(model_dir, prompts, PROMPT_SETS[name].new_tokens)
-        reference[name] = done[key]
+    with HFReference(model_dir) as hf:
+        for name, prompts in sets.items():
+            key = (repr(prompts), PROMPT_SETS[name].new_tokens)
+            if key not in done:
+                done[key] = hf.greedy(prompts, PROMPT_SETS[name].new_tokens)
+            reference[name] = done[key]
     return reference
 
 

@@ -19,42 +19,69 @@ KNOWN_ANSWERS: dict[str, tuple[str, str]] = {
 KNOWN_ANSWER_TOKENS = 4
 
 
+class HFReference:
+    """HF transformers' greedy fp32 outputs on one model directory, loaded once. Use as a
+    context manager (the model is freed on exit)."""
+
+    def __init__(self, model_dir: str):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self._model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self._model.eval()
+        eos = self._model.generation_config.eos_token_id
+        self._stop = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+
+    def greedy(self, prompts: Sequence[Sequence[int]], new_tokens: int) -> list[list[int]]:
+        """Greedy continuations of ``prompts``, each cut after its first end-of-sequence token
+        (vLLM stops there too and returns it).
+
+        NOTE: the prompts' common prefix runs once, and prompts of one length continue from
+        copies of its KV in one batch (transformers' own cache; no padding, so no mask
+        differs): the suite's prompts share 1,000 of about 1,200 tokens, so this costs a
+        third of running each prompt whole, and it is still transformers' math on the same
+        weights, independent of vLLM.
+        """
+        import copy
+
+        import torch
+        from transformers import DynamicCache
+
+        model = self._model
+        common = _common_prefix_len(prompts)
+        prefix = DynamicCache(config=model.config)
+        out: list[list[int]] = [[] for _ in prompts]
+        with torch.inference_mode():
+            if common:
+                model(torch.tensor([list(prompts[0][:common])]), past_key_values=prefix,
+                      use_cache=True)
+            by_len: dict[int, list[int]] = {}
+            for i, prompt in enumerate(prompts):
+                by_len.setdefault(len(prompt), []).append(i)
+            for length, rows in by_len.items():
+                ids = torch.tensor([list(prompts[i]) for i in rows])
+                cache = copy.deepcopy(prefix)
+                cache.batch_repeat_interleave(len(rows))
+                gen = model.generate(ids, attention_mask=torch.ones_like(ids),
+                                     past_key_values=cache, do_sample=False,
+                                     max_new_tokens=new_tokens, min_new_tokens=1,
+                                     pad_token_id=model.config.pad_token_id or 0)
+                for row, i in enumerate(rows):
+                    out[i] = _cut_after_stop(gen[row, length:].tolist(), self._stop)
+        return out
+
+    def __enter__(self) -> HFReference:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self._model
+
+
 def hf_greedy(model_dir: str, prompts: Sequence[Sequence[int]],
               new_tokens: int) -> list[list[int]]:  # fmt: skip
-    """Greedy continuations of ``prompts`` by HF transformers in fp32, each cut after its
-    first end-of-sequence token (vLLM stops there too and returns it).
-
-    NOTE: the prompts' common prefix runs once, and each prompt continues from a copy of its
-    KV (transformers' own cache): the suite's prompts share 1,000 of about 1,200 tokens, so
-    this costs a third of running each prompt whole, and it is still transformers' math on
-    the same weights, independent of vLLM. The model is freed before returning.
-    """
-    import copy
-
-    import torch
-    from transformers import AutoModelForCausalLM, DynamicCache
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                 attn_implementation="eager")
-    model.eval()
-    eos = model.generation_config.eos_token_id
-    stop = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
-    common = _common_prefix_len(prompts)
-    out = []
-    with torch.inference_mode():
-        prefix = DynamicCache(config=model.config)
-        if common:
-            model(torch.tensor([list(prompts[0][:common])]), past_key_values=prefix,
-                  use_cache=True)
-        for prompt in prompts:
-            ids = torch.tensor([list(prompt)])
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 past_key_values=copy.deepcopy(prefix),
-                                 max_new_tokens=new_tokens, min_new_tokens=1,
-                                 pad_token_id=model.config.pad_token_id or 0)
-            out.append(_cut_after_stop(gen[0, len(prompt):].tolist(), stop))
-    del model
-    return out
+    """``HFReference(model_dir).greedy(prompts, new_tokens)``, the model freed after."""
+    with HFReference(model_dir) as hf:
+        return hf.greedy(prompts, new_tokens)
 
 
 def _common_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
