@@ -103,7 +103,12 @@ def run(args: argparse.Namespace) -> int:
         serve = functools.partial(_serve, threading.Lock())
         on = replay(nodes[:-1], tok, spec, args.max_new_tokens, args.nodes, serve)
         off = replay(nodes[-1:], tok, spec, args.max_new_tokens, args.nodes, serve)
-        print(f"demo wall time {time.perf_counter() - start:.1f} s\n")
+        print(f"demo wall time {time.perf_counter() - start:.1f} s")
+        for turn in range(args.turns):  # NOTE: real text, not one repeated token
+            ids = on[0, turn].output_ids
+            print(f"reply (conversation 0, turn {turn + 1}): first ids {ids[:4]}, "
+                  f"{tok.decode(ids)[:100]!r}")
+        print()
         return report(on, off, args.nodes)
     finally:
         for node in nodes:
