@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -49,11 +50,18 @@ def _kv_bytes_per_token(model_dir: str) -> int:
 
 def _timed(node: Any, prompt: list[int], new_tokens: int) -> tuple[float, float, float]:
     """(wall s, TTFT s, store tokens) of one request."""
+    return _served(node, prompt, new_tokens)[:3]
+
+
+def _served(node: Any, prompt: list[int],
+            new_tokens: int) -> tuple[float, float, float, list[int]]:  # fmt: skip
+    """(wall s, TTFT s, store tokens, output ids) of one request."""
     before = node.metrics().get(EXTERNAL, 0.0)
     start = time.perf_counter()
     result = node.generate([prompt], new_tokens)["results"][0]
     wall = time.perf_counter() - start
-    return wall, result["ttft_s"], node.metrics().get(EXTERNAL, 0.0) - before
+    return (wall, result["ttft_s"], node.metrics().get(EXTERNAL, 0.0) - before,
+            result["output_ids"])
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -67,6 +75,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from radixlink.integrations.vllm.nodes import NodeSpec, VllmNode, connector_config
 
     model = str(export("smollm2-135m"))
+    load_before = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="radixlink-bench-vllm-"))
     store = f"file://{tmp}/store"
     prompts = _prompts(model, args.prompts, args.prefix_tokens)
@@ -83,22 +92,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         walls: dict[str, list[float]] = {"plain": [], "cold": []}
         ttft: dict[str, list[float]] = {"recompute": [], "cold": [], "store hit": [],
                                         "device hit": []}
+        # greedy fp32 outputs: the no-connector engine's are the reference of every case
+        outputs: dict[str, list[list[int]]] = {"plain": [], "cold": [], "store hit": [],
+                                               "device hit": []}
         for i, prompt in enumerate(prompts):  # NOTE: alternate which node goes first
             order = [("plain", plain), ("cold", cold)][:: 1 if i % 2 == 0 else -1]
             for name, node in order:
-                wall, first, _ = _timed(node, prompt, args.new_tokens)
+                wall, first, _, out = _served(node, prompt, args.new_tokens)
                 walls[name].append(wall)
                 ttft["recompute" if name == "plain" else "cold"].append(first)
+                outputs[name].append(out)
         cold.close()  # NOTE: close flushes the last saves
         warm = VllmNode(NodeSpec(model=model, kv_transfer_config=connector_config(store)),
                         tmp / "warm.log")
         nodes.append(warm)
         loaded_tokens = 0.0
         for prompt in prompts:
-            _, first, store_tokens = _timed(warm, prompt, args.new_tokens)
+            _, first, store_tokens, out = _served(warm, prompt, args.new_tokens)
             ttft["store hit"].append(first)
+            outputs["store hit"].append(out)
             loaded_tokens += store_tokens
-            ttft["device hit"].append(_timed(warm, prompt, args.new_tokens)[1])
+            _, first, _, out = _served(warm, prompt, args.new_tokens)
+            ttft["device hit"].append(first)
+            outputs["device hit"].append(out)
     finally:
         for node in nodes:
             node.close()
@@ -108,10 +124,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         versus = _versus(args, model)
     load_added = sum(ttft["store hit"]) - sum(ttft["device hit"])
     loaded_bytes = loaded_tokens * _kv_bytes_per_token(model)
+    source = {"recompute": "plain", "cold": "cold"}
     rows = [{"case": name, "requests": len(v), "TTFT p50 s": _pct(v, 50),
-             "TTFT p99 s": _pct(v, 99)} for name, v in ttft.items()]
+             "TTFT p99 s": _pct(v, 99),
+             "identical": _identical(outputs[source.get(name, name)], outputs["plain"])}
+            for name, v in ttft.items()]
     return {
         "model": "smollm2-135m fp32", "prompt_tokens": args.prefix_tokens + 32,
+        "load_average_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "first_output_tokens": [out[:4] for out in outputs["plain"]],
         "rows": rows,
         "cold_wall_ratio": round(sum(walls["cold"]) / sum(walls["plain"]), 4),
         "cold_ttft_p50_ratio": round(statistics.median(ttft["cold"])
@@ -122,6 +143,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "load_GBps_over_added_ttft": round(loaded_bytes / max(load_added, 1e-9) / 1e9, 3),
         "versus_example": versus,
     }
+
+
+def _identical(outputs: list[list[int]], reference: list[list[int]]) -> str:
+    """``"same/total"``: outputs equal to the no-connector engine's, prompt by prompt."""
+    same = sum(a == b for a, b in zip(outputs, reference, strict=True))
+    return f"{same}/{len(reference)}"
 
 
 def _versus(args: argparse.Namespace, model: str) -> dict[str, Any]:
@@ -147,9 +174,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--prompts", type=int_at_least(2), default=6)
     p.add_argument("--prefix-tokens", type=int_at_least(128), default=1000)
     p.add_argument("--new-tokens", type=int_at_least(1), default=8)
-    p.add_argument("--versus-groups", type=int_at_least(0), default=3,
+    p.add_argument("--versus-groups", type=int_at_least(0), default=4,
                    help="prompt groups of the first-store-hit comparison with vLLM's "
-                   "ExampleConnector (its median is over the groups; 0 skips it)")
+                   "ExampleConnector, one ABAB round each (its median is over the groups; "
+                   "0 skips it)")
     p.add_argument("--versus-prompts", type=int_at_least(1), default=6,
                    help="prompts per group, sharing the group's prefix")
     p.add_argument("--json", default=None, help="write the results here")
@@ -164,6 +192,8 @@ def main(argv: list[str]) -> int:
 
     print_table(f"bench vllm: {result['model']}, prompts of {result['prompt_tokens']} tokens",
                 result["rows"])
+    print(f"load average before / after: {result['load_average_before_after']}; first output "
+          f"tokens of the no-connector engine: {result['first_output_tokens']}")
     print(f"connector cold run (empty store) / no connector: wall "
           f"{result['cold_wall_ratio']:.3f}x, TTFT p50 {result['cold_ttft_p50_ratio']:.3f}x")
     print(f"store hit TTFT {result['store_hit_vs_recompute_ttft']:.1f}x lower than recompute;"
@@ -176,7 +206,8 @@ def main(argv: list[str]) -> int:
                     "directory stores on one filesystem)", versus["rows"])
         print(f"first store-hit TTFT, radixlink / ExampleConnector: "
               f"{versus['first_hit_ratio']:.3f}x (median over groups); the ExampleConnector "
-              f"stores {versus['store_bytes_ratio']:.2f}x the bytes")
+              f"stores {versus['store_bytes_ratio']:.2f}x the bytes; the two writers' outputs "
+              f"agree on {versus['writers_identical']}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

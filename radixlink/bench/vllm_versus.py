@@ -72,6 +72,8 @@ def run(model: str, tmp: Path, prompts: list[list[list[int]]], new_tokens: int,
         for node in nodes:
             node.close()
     total = sum(len(group) for group in prompts)
+    # NOTE: both writers computed every prompt from an empty store: their outputs must agree
+    writers_same = sum(outputs[names[0]][k] == outputs[names[1]][k] for k in outputs[names[0]])
     median = {n: statistics.median(first[n]) for n in names}
     stored = {n: _store_bytes(stores[n]) for n in names}
     rows = [{
@@ -87,4 +89,5 @@ def run(model: str, tmp: Path, prompts: list[list[list[int]]], new_tokens: int,
         "rows": rows,
         "first_hit_ratio": round(median["radixlink"] / median[EXAMPLE], 3),
         "store_bytes_ratio": round(stored[EXAMPLE] / max(stored["radixlink"], 1), 2),
+        "writers_identical": f"{writers_same}/{total}",
     }
