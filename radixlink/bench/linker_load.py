@@ -26,8 +26,8 @@ from radixlink.contract import InsertParams, PoolName
 from radixlink.hashing import Namespace
 from radixlink.linker.core import ExternalCacheLinker
 from radixlink.memory.layout import KVLayout
+from radixlink.pages.staging import LEAD, frame_stride
 from radixlink.stores.directory import DirectoryStore
-from radixlink.stores.frames import LEAD, frame_stride
 from radixlink.stores.registry import open_store
 
 SMOLLM2 = "SmolLM2-135M: 30 layers x 3 KV heads x 64 head dim, fp32, page 16 (720 KiB pages)"

@@ -1,5 +1,6 @@
 """``Window``: SWA's window rule in one place (DESIGN.md section 5): how many tokens and pages
-back from a boundary must hold live SWA data, and what a lock, a match or a transfer covers.
+back from a boundary must hold live SWA data, and what a lock, a match or a transfer covers (a
+restore's trailing-window rule, in pages, is the page layer's: ``pages.restore``).
 
 Owns arithmetic only; knows nothing of nodes' data, pools or the tree.
 """
@@ -54,20 +55,3 @@ class Window:
         token: the window's tokens before the node's first page."""
         return start + self.page_size - self.tokens
 
-
-def trailing_restorable(window_pages: int, present: tuple[bool, ...], num_lengths: int,
-                        live_before: int | None) -> list[bool]:
-    """The trailing-window rule of a restore, in pages: for each tail length ``L`` in
-    ``0..num_lengths-1``, whether a window of ``window_pages`` (SWA: ``Window.pages``; MAMBA's
-    state: 1) is whole at ``L``. It is when the window's last ``min(window_pages, L)`` tail
-    pages are ``present`` (pages past its end are absent) and the ``window_pages - L`` pages
-    it reaches back before page 0 (when ``L < window_pages``) are live on device: at most
-    ``live_before`` of them (None: all). Length 0 is never whole."""
-    out = [False] * num_lengths
-    num_present = len(present)
-    run = 0  # consecutive present pages ending at page L - 1
-    for n in range(1, num_lengths):
-        run = run + 1 if n <= num_present and present[n - 1] else 0
-        need = min(window_pages, n)  # the tail pages the window covers (``Window.trailing``)
-        out[n] = run >= need and (live_before is None or window_pages - need <= live_before)
-    return out

@@ -1,4 +1,4 @@
-"""The external cache linker: restorable-prefix rules and rank agreement (re-exports only)."""
+"""The external cache linker: rank agreement and the page layer's restore rule (re-exports)."""
 
 from radixlink.linker.ranks import (
     LocalRankGroup,
@@ -7,7 +7,7 @@ from radixlink.linker.ranks import (
     TorchRankGroup,
     run_ranks,
 )
-from radixlink.linker.restorable import (
+from radixlink.pages.restore import (
     PoolPresence,
     largest_common,
     presence_from_store,

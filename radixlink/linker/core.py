@@ -4,7 +4,7 @@
 
 Owns building the parts and the lifecycle (``flush``, ``close``, ``stats``); every method is
 one of the engine's (or the cache's) calls and hands it to the loader or the offloader, which
-never reach back to this facade. Store I/O runs on the worker's threads; everything that
+never reach back to this facade. Store I/O runs on the transfer engine's threads; everything that
 touches the tree runs on the caller's thread.
 """
 
@@ -23,9 +23,6 @@ from radixlink.linker.parts import LinkerParts, build_parts
 from radixlink.linker.ranks import LocalRankGroup, RankGroup
 from radixlink.stores.base import Store
 from radixlink.stores.registry import open_store
-
-CLOSE_BUDGET_S = 2.0
-"""How long ``close()`` lets queued and running offloads go on before it cancels them."""
 
 
 def _check_parts(store: Any, ranks: Any, cost_model: Any) -> None:
@@ -53,7 +50,7 @@ class ExternalCacheLinker:
     Protocol for one request (the engine's thread)::
 
         m = cache.match_prefix(prompt, req_id=rid)   # device match + store LOOKUP
-        if m.external_hit_len and linker.load(rid):  # PREPARE, transfer on a worker thread
+        if m.external_hit_len and linker.load(rid):  # PREPARE, transfer on an I/O thread
             out = linker.wait_load(rid)              # or poll() for many at once
             prefix, slots, handle = out.prefix_len, out.device_indices, out.lock
         else:
@@ -202,22 +199,23 @@ class ExternalCacheLinker:
         if timeout is not None:
             check_seconds("flush(timeout=)", timeout, allow_zero=True)
         self.offload.flush_batch()
-        idle = self.parts.worker.wait_idle(timeout)
+        idle = self.parts.engine.wait_idle(timeout)
         self._loader.process()
         # NOTE: a rank still busy leaves its jobs unapplied on every rank: agreed, True means
         # everything was applied everywhere
         return idle if self.parts.world_size == 1 else self.ranks.all_ok(idle)
 
     def close(self) -> None:
-        """Quiesce transfers within ``CLOSE_BUDGET_S`` (then cancel queued ones, leave running
-        offloads; running loads are always waited for, so no late write lands in freed slots),
-        ABORT loads not yet published, release every lock the linker holds. Idempotent."""
+        """Quiesce transfers within the engine's ``CLOSE_BUDGET_S`` (then cancel queued ones,
+        leave running offloads; running loads are always waited for, so no late write lands in
+        freed slots), ABORT loads not yet published, release every lock the linker holds.
+        Idempotent."""
         if self._closed:
             return
         self.offload.flush_batch()
         self._closed = True
         self._loader.close()
-        self.parts.worker.close(budget_s=CLOSE_BUDGET_S)
+        self.parts.engine.close()
         self._loader.process()
         self.offload.abandon()  # offloads still running: their pages are not recorded stored
         self._loader.release_outcomes()
@@ -233,7 +231,7 @@ class ExternalCacheLinker:
         ``load_seconds`` / ``offload_seconds`` histogram snapshots."""
         parts = self.parts
         gauges = {**self._loader.gauges(), **parts.guard.stats()}
-        gauges["pending_transfers"] = parts.worker.pending
+        gauges["pending_transfers"] = parts.engine.pending
         gauges.update(parts.arena.stats())
         return parts.metrics.snapshot(self.offload.stats(), **gauges)
 

@@ -1,11 +1,12 @@
-"""Worker jobs built on the engine thread: a load's (staging frames, a writer into the reserved
-slots per pool, its ``LayerProgress``) and an offload batch's (the queued pages the store is
+"""The linker's transfer-engine jobs (``pages.engine``), built on the engine thread: a load's
+(staging frames and ``PoolLanding``, which writes the verified pages into the reserved slots
+and tells the load's ``LayerProgress``) and an offload batch's (the queued pages the store is
 not known to hold, gathered into one staging buffer).
 
 Owns the batch records, the choice of pages and the moves between pools and staging, through
-the pools' one byte-I/O protocol (``memory.pools.PagePool``: page ids, gather, stage, scatter),
-whatever a pool holds. Must not touch the tree: it reads the transfers the component hooks
-built.
+the pools' one byte-I/O protocol (``memory.pools.PagePool``: page ids, gather, stage,
+scatter), whatever a pool holds. Must not touch the tree: it reads the transfers the component
+hooks built.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ import torch
 
 from radixlink.contract import PoolName, PoolTransfer
 from radixlink.linker.progress import LayerProgress
-from radixlink.linker.worker import Job, PoolPages, TransferKind
-from radixlink.memory.host import StagingArena
 from radixlink.memory.pools import PagePool
-from radixlink.stores.frames import Frames
-from radixlink.stores.pageio import Codec, PageKeys, stage_pages
+from radixlink.pages.engine import Completion, Job, TransferKind
+from radixlink.pages.keys import PageKeys
+from radixlink.pages.pageio import Codec, stage_pages
+from radixlink.pages.staging import Frames, StagingArena
 from radixlink.tree.stored import StoredPages
 
 CodecOf = Callable[[PoolName], Codec]
@@ -76,61 +77,106 @@ def select_pages(batch: Batch, cache: Any, keyspace: PageKeys, known: StoredPage
         part = parts.get(name)
         if part is None:
             part = parts[name] = PoolPart(cache.pool(name))
-        part.keys += keyspace.keys(name, namespace, hashes)
+        part.keys += keyspace.keys(name, hashes, namespace)
         part.hashes.append(hashes)
         _add_pages(part, transfer.device_indices, todo)
     return parts, oldest
 
 
-def offload_job(parts: dict[PoolName, PoolPart], cache: Any, codec_of: CodecOf,
-                arena: StagingArena, stream: Any) -> tuple[Job, Any]:
+def offload_job(parts: dict[PoolName, PoolPart], codec_of: CodecOf, arena: StagingArena,
+                stream: Any) -> Job:
     """Copy every part's pages into one staging buffer (frames per pool) and wrap them in an
     offload job; on CUDA (``stream``) the copies run on that side stream after the model's
-    writes, and the returned event says when they landed."""
+    writes, and the job's ``ready`` event says when they landed."""
     if not parts:
-        return Job(kind=TransferKind.OFFLOAD, pools=[]), None
-    names = list(parts)
-    wanted = []
-    for name in names:
-        wanted.append((codec_of(name), parts[name].keys))
-    staging, staged = stage_pages(arena, wanted)
-    pools = []
-    for name, part in zip(names, staged):
-        pools.append(PoolPages(name=name, keys=part.keys, codec=part.codec, frames=part.frames))
-    ready = None
+        return Job(kind=TransferKind.OFFLOAD, parts=[])
+    staging, staged = stage_pages(arena, [(codec_of(name), part.keys)
+                                          for name, part in parts.items()])
+    ready = []
     if stream is None:
-        for pool in pools:
-            gather_pages(parts[pool.name].pool, parts[pool.name].parts, pool.frames)
+        for part, into in zip(parts.values(), staged):
+            gather_pages(part.pool, part.parts, into.frames)
     else:
         stream.wait_stream(torch.cuda.current_stream(stream.device))
         with torch.cuda.stream(stream):
-            for pool in pools:
-                gather_pages(parts[pool.name].pool, parts[pool.name].parts, pool.frames)
-            ready = torch.cuda.Event()
-            ready.record(stream)
-    return Job(kind=TransferKind.OFFLOAD, pools=pools, staging=staging, ready=ready), ready
+            for part, into in zip(parts.values(), staged):
+                gather_pages(part.pool, part.parts, into.frames)
+            ready.append(torch.cuda.Event())
+            ready[0].record(stream)
+    return Job(kind=TransferKind.OFFLOAD, parts=staged, staging=staging, ready=ready)
 
 
-def load_job(transfers: list[PoolTransfer], cache: Any, codec_of: CodecOf,
-             keyspace: PageKeys, namespace: Any, arena: StagingArena) -> Job:
-    """The worker job of a load: per pool its keys (``keyspace``'s, in the lookup's resolved
-    ``namespace``), codec, staging frames and a writer into the reserved slots; on CUDA its
-    own stream; a ``LayerProgress`` for layer-wise engines."""
-    wanted = []
-    for t in transfers:
-        wanted.append((codec_of(t.name), keyspace.keys(t.name, namespace, t.keys)))
-    staging, staged = stage_pages(arena, wanted)
-    pools = []
-    layers: dict[PoolName, int] = {}
-    for t, part in zip(transfers, staged):
-        land, layers[t.name] = pool_lander(cache.pool(t.name), t, part.frames)
-        pools.append(PoolPages(name=t.name, keys=part.keys, codec=part.codec,
-                               frames=part.frames, land=land, num_layers=layers[t.name]))
-    stream = None
-    if cache.device.type == "cuda":  # NOTE: loads land on their own stream
-        stream = torch.cuda.Stream(cache.device)
-    return Job(kind=TransferKind.LOAD, pools=pools, staging=staging, stream=stream,
-               progress=LayerProgress(layers))
+class PoolLanding:
+    """Where one load lands: per pool its page ids and the verified payloads in staging, and
+    the load's ``LayerProgress`` (a ``pages.engine.Landing``). ``land`` (on an I/O thread: the
+    slots are reserved, nobody else uses them) writes pools that land whole (states) first, then
+    layer by layer when someone ``watch``es the progress (a layer-wise engine), telling the
+    progress after each; on CUDA on the load's own stream, finished before it returns."""
+
+    def __init__(self, cache: Any, transfers: list[PoolTransfer], frames: list[Frames]):
+        self.moves: list[tuple[PoolName, PagePool, Any, torch.Tensor]] = []
+        for t, part in zip(transfers, frames):
+            assert t.device_indices is not None, f"LOAD transfer of {t.name} has no slots"
+            pool = cache.pool(t.name)
+            self.moves.append((t.name, pool, pool.page_ids(t.device_indices), part.payloads()))
+        self.progress = LayerProgress({name: pool.land_layers for name, pool, _, _ in self.moves})
+        self.stream = torch.cuda.Stream(cache.device) if cache.device.type == "cuda" else None
+
+    def land(self, cancelled: Callable[[], bool]) -> bool:
+        """Write every pool; False when cancelled between layers."""
+        if self.stream is None:
+            return self._land(cancelled)
+        with torch.cuda.stream(self.stream):  # type: ignore[attr-defined]
+            landed = self._land(cancelled)
+        self.stream.synchronize()  # NOTE: publish (on the engine thread) follows the verdict
+        return landed
+
+    def _land(self, cancelled: Callable[[], bool]) -> bool:
+        progress, per_layer = self.progress, self.progress.watched
+        layered, num_layers = [], 0
+        for name, pool, pages, payloads in self.moves:
+            staged = pool.stage(payloads)  # NOTE: one host-to-device copy, then per layer
+            if pool.land_layers and per_layer:
+                layered.append((name, pool, pages, staged))
+                num_layers = max(num_layers, pool.land_layers)
+                continue
+            pool.scatter(pages, staged, None)
+            progress.land(name, None, self._event())
+        for layer in range(num_layers):
+            if layer and cancelled():
+                return False
+            for name, pool, pages, staged in layered:
+                if layer < pool.land_layers:
+                    pool.scatter(pages, staged, layer)
+                    progress.land(name, layer, self._event())
+        return True
+
+    def early(self) -> bool:
+        """Land before the verdict when a layer-wise engine waits on the progress."""
+        return self.progress.watched
+
+    def fail(self, done: Completion) -> None:
+        """A load that did not land fails every layer-wise waiter."""
+        self.progress.fail()
+
+    def _event(self) -> Any:
+        """A CUDA event recorded on the load's stream now, or None on CPU."""
+        if self.stream is None:
+            return None
+        event = torch.cuda.Event()  # type: ignore[attr-defined]
+        event.record(self.stream)
+        return event
+
+
+def load_job(transfers: list[PoolTransfer], cache: Any, codec_of: CodecOf, keyspace: PageKeys,
+             namespace: Any, arena: StagingArena) -> tuple[Job, PoolLanding]:
+    """The engine job of a load: per pool its keys (``keyspace``'s, in the lookup's resolved
+    ``namespace``), codec and staging frames, landed by a ``PoolLanding``."""
+    staging, parts = stage_pages(arena, [(codec_of(t.name), keyspace.keys(t.name, t.keys,
+                                                                          namespace))
+                                         for t in transfers])
+    landing = PoolLanding(cache, transfers, [part.frames for part in parts])
+    return Job(kind=TransferKind.LOAD, parts=parts, staging=staging, land=landing), landing
 
 
 def _add_pages(part: PoolPart, slots: Any, todo: list[int] | None) -> None:
@@ -153,21 +199,3 @@ def gather_pages(pool: PagePool, parts: list[Any], frames: Frames) -> None:
         pool.gather(np.concatenate(parts), payloads)
     else:
         pool.gather(torch.cat(parts), payloads)
-
-
-def pool_lander(pool: PagePool, transfer: PoolTransfer,
-                frames: Frames) -> tuple[Callable[[int | None], None], int]:
-    """A function writing the verified payloads of ``frames`` into the transfer's reserved
-    slots (one layer, or all with None; called on a worker thread: the slots are reserved,
-    nobody else uses them), and the pool's layer count (0: it lands whole)."""
-    slots = transfer.device_indices
-    assert slots is not None, f"LOAD transfer of {transfer.name} has no device slots"
-    pages, payloads = pool.page_ids(slots), frames.payloads()
-    staged: list[torch.Tensor] = []
-
-    def land(layer: int | None) -> None:
-        if not staged:  # NOTE: one host-to-device copy of all pages, then a scatter per layer
-            staged.append(pool.stage(payloads))
-        pool.scatter(pages, staged[0], layer)
-
-    return land, pool.land_layers

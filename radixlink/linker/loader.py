@@ -32,7 +32,7 @@ from radixlink.linker.offload import Offloader
 from radixlink.linker.outcomes import Landing, LoadOutcome
 from radixlink.linker.parts import LinkerParts
 from radixlink.linker.progress import LayerProgress
-from radixlink.linker.worker import Completion, TransferStatus
+from radixlink.pages.engine import Completion, TransferStatus
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class Reservation:
 
     @property
     def transfers(self) -> list[PoolTransfer]:
-        """The transfers the loads land in: what the worker fills and the stored marks cover."""
+        """The transfers the loads land in: what the engine fills and the stored marks cover."""
         return [load.transfer for load in self.loads if load is not None]
 
     @property
@@ -169,7 +169,7 @@ class Loader:
     def _start_transfer(self, lookup: Lookup, node: Any, device_slots: Any) -> Transfer | None:
         """Lock the device prefix (at ``node``: the one lock, for every member), LOAD + PREPARE
         on every component taking part, backbone first (agreed across ranks: a refusal on any
-        ABORTs the prepared ones, holding nothing), and queue the worker job."""
+        ABORTs the prepared ones, holding nothing), and queue the engine job."""
         cache = self.cache
         reservation = Reservation(lookup=lookup, device_slots=device_slots, handle=cache.lock(node))
         full = None
@@ -188,11 +188,10 @@ class Loader:
             release(cache, reservation)
             return None
         parts = self.parts
-        job = load_job(reservation.transfers, self.cache, parts.codec, parts.keyspace,
-                       lookup.namespace, parts.arena)
+        job, landing = load_job(reservation.transfers, self.cache, parts.codec, parts.keyspace,
+                                lookup.namespace, parts.arena)
         transfer = Transfer(job_id=parts.jobs.submit(job), reservation=reservation)
-        assert job.progress is not None
-        self._progress[transfer.job_id] = job.progress
+        self._progress[transfer.job_id] = landing.progress
         self.loads.start(transfer)
         return transfer
 
@@ -271,7 +270,7 @@ class Loader:
     def _leave(self, member: Member) -> None:
         transfer = self.loads.leave(member)
         if transfer is not None:  # its last member left: stop the job; ABORT on completion
-            self.parts.worker.cancel(transfer.job_id)
+            self.parts.engine.cancel(transfer.job_id)
             self.stats["cancelled_transfers"] += 1
 
     def _put(self, outcome: LoadOutcome) -> None:
@@ -352,7 +351,7 @@ class Loader:
         """No new loads; transfers not yet finished are cancelled (aborted on completion)."""
         self.closed = True
         for transfer in self.loads.transfers():  # NOTE: aborted anyway; skip their writes
-            self.parts.worker.cancel(transfer.job_id)
+            self.parts.engine.cancel(transfer.job_id)
 
     def release_outcomes(self) -> None:
         """Release the locks of outcomes nobody took (after ``close``)."""

@@ -1,5 +1,5 @@
 """LOOKUP: what a lookup found (``Lookup``), hashes of a request's device-uncached tail, which
-prefix lengths the store can restore (through the one pure rule in ``restorable.py``), the
+prefix lengths the store can restore (through the page layer's restore rule), the
 bounded memory of lookups that ``load()`` may still claim. The tail's page hashes go down into
 the tree's ``PageHashMemo`` for the insert of the same tokens.
 
@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from radixlink.contract import MatchResult, PoolTransfer
+from radixlink.contract import MatchResult
 from radixlink.cost import choose_load_pages
 from radixlink.hashing import TOKEN_BYTES, key_hashes
 from radixlink.linker.parts import LinkerParts
-from radixlink.linker.restorable import presence_from_store, restorable_prefix_pages
+from radixlink.pages.restore import restorable_prefix_pages, split_presence
 
 
 @dataclass(slots=True, kw_only=True)
@@ -63,39 +63,27 @@ class Lookup:
 
 
 def restorable_pages(parts: LinkerParts, keys: list[str], namespace: Any) -> list[int]:
-    """Every tail length (pages) this rank can restore; a failed or skipped store is none."""
-    if not parts.pools:
+    """Every tail length (pages) this rank can restore, from one presence batch over the
+    pools a load brings; a failed or skipped store is none. Pages found absent leave the
+    stored index (the store evicted them: they are written again), but only while the index
+    lets offloads skip pages (with several ranks the lookups differ per rank, and the index
+    is fed by agreed events only)."""
+    rules, keyspace = parts.pools, parts.keyspace
+    if not rules:
         return []
-    # NOTE: a LOOKUP transfer per pool a load brings: its name and hit policy
-    transfers = [PoolTransfer(name=name, keys=keys, hit_policy=policy)
-                 for name, (policy, _) in parts.pools.items()]
-    keyspace = parts.keyspace
-    store_keys = keyspace.keys(transfers[0].name, namespace, transfers[0].keys)
-    for transfer in transfers[1:]:
-        store_keys += keyspace.keys(transfer.name, namespace, transfer.keys)
+    store_keys = keyspace.keys(rules[0].name, keys, namespace)
+    for rule in rules[1:]:
+        store_keys += keyspace.keys(rule.name, keys, namespace)
     guard = parts.guard
     exists = guard.exists(store_keys)
     if exists is None:
         parts.stats["lookups_skipped" if guard.last_skipped else "failures_lookup"] += 1
         return []
-    if parts.stored.enabled and not all(exists):  # NOTE: evicted from the store: rewrite
-        forget_absent(parts.stored, transfers, exists)
-    windows = {name: window for name, (_, window) in parts.pools.items()}
-    presence = presence_from_store(transfers, exists, window_pages=windows)
-    return restorable_prefix_pages(len(keys), presence).restorable_prefix_pages
-
-
-def forget_absent(stored: Any, transfers: list[PoolTransfer], exists: list[bool]) -> None:
-    """A presence check (a LOOKUP) found some of ``transfers``' pages absent: the store
-    evicted them, so the stored index must not keep them (they are written again). Only
-    while the index lets offloads skip pages: with several ranks the lookups differ per
-    rank, so the index (fed by agreed events only) is left as it is."""
-    pos = 0
-    for transfer in transfers:
-        found = exists[pos : pos + len(transfer.keys)]
-        pos += len(transfer.keys)
-        if not all(found):
-            stored.discard(transfer.name, [h for h, hit in zip(transfer.keys, found) if not hit])
+    pools = split_presence(rules, exists, [len(keys)] * len(rules))
+    if parts.stored.enabled and not all(exists):
+        for pool in pools:
+            parts.stored.discard(pool.name, [h for h, hit in zip(keys, pool.present) if not hit])
+    return restorable_prefix_pages(len(keys), pools).restorable_prefix_pages
 
 
 def find_restorable(parts: LinkerParts, result: MatchResult, key: bytes,

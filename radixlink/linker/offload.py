@@ -4,7 +4,7 @@ marks, and revalidation (DESIGN.md section 5b, "Offload").
 Owns when nodes are exported and what the store is recorded to hold (``tree.stored``, the one
 stored index: nodes' ``external_cache_stored`` / ``offload_inflight`` are views on it). Must
 not free or allocate slots: page data is gathered into staging synchronously (queued on a side
-stream on CUDA); encoding and the store write run on the linker's worker.
+stream on CUDA); encoding and the store write run on the transfer engine's threads.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from radixlink.linker.config import WritePolicy
 from radixlink.linker.jobs import Batch, offload_job, select_pages
 from radixlink.linker.parts import LinkerParts
 from radixlink.linker.revalidate import Revalidation
-from radixlink.linker.worker import Completion
+from radixlink.pages.engine import Completion
 from radixlink.tree.stored import BACKBONE_POOL
 
 _OFFLOAD = LinkerTransferPhase.OFFLOAD
@@ -48,7 +48,7 @@ class Offloader:
     """Decides which nodes go to the store and records them in the stored index until, and
     once, the store confirms.
 
-    Offloads queue on the engine thread and go to the worker as one batch (one gather into
+    Offloads queue on the engine thread and go to the transfer engine as one batch (one gather into
     one staging buffer, one job, one store ``put``). An offload goes out at once when none
     went out in the last ``batch_window_s``; otherwise it waits for company until the next
     offload after the window, ``batch_pages`` waiting pages, the linker's next ``poll`` /
@@ -61,7 +61,7 @@ class Offloader:
     is in flight (or a prefix inserted again) is marked by its pages, with no callback.
 
     Args:
-        parts: the linker's shared parts (cache, ranks, guard, keys, codecs, worker jobs,
+        parts: the linker's shared parts (cache, ranks, guard, keys, codecs, engine jobs,
             arena, stored index). Of ``parts.config`` this uses ``write_policy``,
             ``write_through_threshold`` (hits before a ``write_through_selective`` offload;
             ``write_through`` uses 1: a node's creating insert counts as its first hit),
@@ -88,7 +88,7 @@ class Offloader:
         self._last_sent = -float("inf")
         self._page_bytes: dict[PoolName, int] = {}
         self._inflight: dict[int, Offload] = {}  # ticket -> offload
-        self._tickets: dict[int, int] = {}  # worker job id -> ticket
+        self._tickets: dict[int, int] = {}  # engine job id -> ticket
         self._inflight_bytes = 0
         self._next_ticket = 0
         self.batch: Batch | None = None  # queued, not yet sent (read-only outside)
@@ -192,7 +192,7 @@ class Offloader:
 
     def flush_batch(self) -> None:
         """Send the queued offloads: the pages the store is not known to hold, gathered into
-        one staging buffer, as one worker job. A batch whose every page is known writes
+        one staging buffer, as one engine job. A batch whose every page is known writes
         nothing: its nodes are stored already, by their pages."""
         batch, self.batch = self.batch, None
         if batch is None:
@@ -212,7 +212,8 @@ class Offloader:
             self._stats["known_offloads"] += 1
             return
         stream = None if self.cache.device.type != "cuda" else self._side_stream()
-        job, ready = offload_job(parts, self.cache, self.parts.codec, self.parts.arena, stream)
+        job = offload_job(parts, self.parts.codec, self.parts.arena, stream)
+        ready = job.ready[0] if job.ready else None
         job_id = self.parts.jobs.submit(job)
         self._tickets[job_id] = batch.ticket
         # NOTE: what a confirmed write makes stored: the pages written here, and those of
@@ -283,7 +284,7 @@ class Offloader:
         for component in self.cache.components:
             transfer = component.build_external_linker_transfer(_OFFLOAD, node, node.hash_value)
             if transfer is not None:
-                keys.extend(keyspace.keys(transfer.name, namespace, transfer.keys))
+                keys.extend(keyspace.keys(transfer.name, transfer.keys, namespace))
                 pages.extend((transfer.name, h) for h in transfer.keys)
         return keys, pages
 

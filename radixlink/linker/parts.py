@@ -1,9 +1,10 @@
 """``LinkerParts``: what the loader and the offloader share, built once by the
-``ExternalCacheLinker`` facade: the cache, the store and its guard, page codecs and store keys,
-ranks, the worker and the completions of the jobs submitted to it, the staging arena, the
-stored index, the counters and histograms, the cost model, and the pools a load brings (named
-by the components taking part: a pool name, hit policy and window each; the linker never asks
-which kind of component or pool it has).
+``ExternalCacheLinker`` facade: the cache, the store and its guard, page codecs and store keys
+(``pages.keys.PageKeys``), ranks, the transfer engine (``pages.engine``) and the completions
+of the jobs submitted to it, the stored index, the counters and histograms, the cost model,
+and the pools a load brings (named by the components taking part: a ``pages.restore.PoolRule``
+each, a pool name, hit policy and window; the linker never asks which kind of component or
+pool it has).
 
 Owns building those parts and the small bookkeeping both sides use (``Completions``, the
 counters). Must not reach the loader, the offloader or the facade: they
@@ -12,20 +13,23 @@ are built from it.
 
 from __future__ import annotations
 
+import queue
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlink.contract import PoolHitPolicy, PoolName, PoolTransfer
+from radixlink.contract import PoolName, PoolTransfer
 from radixlink.cost import EstimateTracker
 from radixlink.linker.breaker import CircuitBreaker, StoreGuard
 from radixlink.linker.config import LinkerConfig
 from radixlink.linker.ranks import RankGroup
-from radixlink.linker.worker import Completion, Job, TransferKind, TransferWorker
-from radixlink.memory.host import StagingArena
 from radixlink.metrics import LatencyHistogram
+from radixlink.pages.engine import Completion, Job, TransferEngine, TransferKind
+from radixlink.pages.keys import PageKeys
+from radixlink.pages.pageio import Codec, make_codec
+from radixlink.pages.restore import PoolRule
+from radixlink.pages.staging import StagingArena
 from radixlink.stores.base import Store
-from radixlink.stores.pageio import Codec, PageKeys, make_codec
 from radixlink.tree.hashes import PageHashMemo
 from radixlink.tree.stored import StoredPages
 
@@ -36,38 +40,47 @@ class Completions:
     agreed mask over the pending jobs, the same list on every rank), in job order.
 
     Args:
-        worker: the transfer worker the jobs run on.
+        engine: the transfer engine the jobs run on.
         ranks: the rank group (a collective per ``ready`` call with several ranks).
     """
 
-    def __init__(self, worker: TransferWorker, ranks: RankGroup):
-        self.worker = worker
+    def __init__(self, engine: TransferEngine, ranks: RankGroup):
+        self.engine = engine
         self.ranks = ranks
         self.world_size = ranks.world_size
+        self._arrived: queue.SimpleQueue[Completion] = queue.SimpleQueue()
         self._pending: set[int] = set()  # submitted, not yet handed out by ready()
         self._done: dict[int, Completion] = {}  # finished here, not yet handed out
 
     def submit(self, job: Job) -> int:
-        job_id = self.worker.submit(job)
+        job.done = self._arrived.put
+        job_id = self.engine.submit(job)
         self._pending.add(job_id)
         return job_id
 
     def ready(self, block_for: float | None = None) -> list[Completion]:
         """The completions to apply now (each handed out once). With several ranks, call it on
         every rank the same number of times: it is a collective while jobs are pending."""
-        for done in self.worker.drain(block_for=block_for):
-            self._done[done.job_id] = done
+        arrived, done = self._arrived, self._done
+        if block_for is not None or not arrived.empty():
+            try:
+                item = arrived.get(timeout=block_for)
+                while True:
+                    done[item.job_id] = item
+                    item = arrived.get_nowait()
+            except queue.Empty:
+                pass
         if self.world_size == 1:
-            jobs = list(self._done)
+            jobs = list(done)
         else:
             if not self._pending:  # NOTE: the same on every rank, so no collective is skipped
                 return []
             pending = sorted(self._pending)
-            agreed = self.ranks.all_reduce_min([int(j in self._done) for j in pending])
+            agreed = self.ranks.all_reduce_min([int(j in done) for j in pending])
             jobs = [job for job, bit in zip(pending, agreed) if bit]
         for job_id in jobs:
             self._pending.discard(job_id)
-        return list(map(self._done.pop, jobs))
+        return list(map(done.pop, jobs))
 
 
 class LinkerStats:
@@ -106,7 +119,7 @@ class LinkerParts:
     store: Store
     guard: StoreGuard
     ranks: RankGroup
-    worker: TransferWorker
+    engine: TransferEngine
     jobs: Completions
     arena: StagingArena
     metrics: LinkerStats
@@ -118,7 +131,7 @@ class LinkerParts:
     world_size: int  # the rank group's (fixed): checked on hot paths without a call
     # the pools a load brings, by the components taking part (backbone first): each one's hit
     # policy and window (trailing pages; 0 for ALL_PAGES)
-    pools: dict[PoolName, tuple[PoolHitPolicy, int]]
+    pools: list[PoolRule]
     keyspace: PageKeys = field(init=False)
     _codecs: dict[PoolName, Codec] = field(default_factory=dict)
 
@@ -132,7 +145,7 @@ class LinkerParts:
     def store_keys(self, transfer: PoolTransfer, namespace: Any = None) -> list[str]:
         """Store keys of a transfer's pages: version / namespace / hash / pool [/ rank], in the
         resolved ``namespace`` (``hashing.layer_namespaces`` on the cache's)."""
-        return self.keyspace.keys(transfer.name, namespace, transfer.keys)
+        return self.keyspace.keys(transfer.name, transfer.keys, namespace)
 
     def codec(self, name: PoolName) -> Codec:
         """The page codec of pool ``name`` (built once, sealed with the store's secret)."""
@@ -163,8 +176,8 @@ class LinkerParts:
         stored.clear()
         bound = config.max_known_pages
         if bound:
-            for name in self.pools:
-                bound += self.cache.pool(name).num_pages
+            for rule in self.pools:
+                bound += self.cache.pool(rule.name).num_pages
         # NOTE: rank-local knowledge would let ranks write different pages; a zero
         # revalidation age trusts no confirmation: offloads then skip nothing (the index
         # still holds the marks).
@@ -182,16 +195,16 @@ def build_parts(cache: Any, store: Store, ranks: RankGroup, config: LinkerConfig
     """The parts of a linker on ``cache`` and ``store`` (threads start here)."""
     arena = StagingArena(pinned=cache.device.type == "cuda",
                          max_cached_bytes=min(config.max_inflight_bytes, 256 << 20))
-    worker = TransferWorker(store, config.num_threads, arena)
+    engine = TransferEngine(store, config.num_threads, arena)
     stored: StoredPages = cache.tree.stored
     loading = [c for c in cache.components if c.takes_part_in_loads]
     return LinkerParts(
         cache=cache, config=config, store=store,
-        guard=StoreGuard(store, CircuitBreaker(config.breaker)), ranks=ranks, worker=worker,
-        jobs=Completions(worker, ranks), arena=arena, metrics=LinkerStats(), stored=stored,
+        guard=StoreGuard(store, CircuitBreaker(config.breaker)), ranks=ranks, engine=engine,
+        jobs=Completions(engine, ranks), arena=arena, metrics=LinkerStats(), stored=stored,
         hash_memo=cache.tree.hash_memo,
         cost_model=cost_model, page_size=cache.page_size,
         # NOTE: an upper bound: a windowed pool brings its window's pages only
         bytes_per_token=max(1, sum(cache.pool(c.pool_name).token_bytes for c in loading)),
         world_size=ranks.world_size,
-        pools={c.pool_name: (c.hit_policy, c.window_pages) for c in loading})
+        pools=[PoolRule(c.pool_name, c.hit_policy, c.window_pages) for c in loading])

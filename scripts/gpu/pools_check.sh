@@ -20,8 +20,7 @@ cd "$(dirname "$0")/../.."
 "$PY" - "$MIB" <<'PYEOF'
 import statistics, sys, time
 import torch
-from radixlink.linker.staging import frames_bytes, layout_frames
-from radixlink.memory.host import StagingArena
+from radixlink.pages.staging import StagingArena, frames_bytes, layout_frames
 from radixlink.memory import KVLayout, KVPool
 from radixlink.stores.codec import HEADER_BYTES
 

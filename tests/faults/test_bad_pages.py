@@ -1,4 +1,4 @@
-"""The one corrupt-page policy through the linker (``stores.pageio``): a load batch with TWO bad
+"""The one corrupt-page policy through the linker (``pages.pageio``): a load batch with TWO bad
 pages at different positions counts both as misses with their reasons, deletes both from the
 store, and the recompute's offload writes both again, even on the node whose record of known
 pages said the store held them."""

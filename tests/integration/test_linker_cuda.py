@@ -12,9 +12,8 @@ from radixlink.config import CacheConfig
 from radixlink.contract import InsertParams, PoolName
 from radixlink.linker.core import ExternalCacheLinker
 from radixlink.memory import KVLayout, KVPool
-from radixlink.memory.host import StagingArena
+from radixlink.pages.staging import StagingArena, frames_bytes, layout_frames
 from radixlink.stores.codec import HEADER_BYTES
-from radixlink.stores.frames import frames_bytes, layout_frames
 from radixlink.stores.memory import MemoryStore
 
 pytestmark = pytest.mark.gpu

@@ -1,4 +1,5 @@
-"""``stores.pageio``, the one page I/O unit: key templates byte-identical to ``page_key``, a
+"""``pages.pageio``, the one page I/O unit: key templates (``pages.keys``) byte-identical to
+``page_key``, a
 batched read into caller frames with every bad page counted and the present ones deleted, a
 write from staging that skips present pages but never a bad one, and the presence query."""
 
@@ -9,8 +10,9 @@ import torch
 
 from radixlink.contract import PoolName
 from radixlink.hashing import Namespace, namespace_id
-from radixlink.memory.host import StagingArena
-from radixlink.stores import pageio
+from radixlink.pages import pageio
+from radixlink.pages.keys import PageKeys
+from radixlink.pages.staging import StagingArena
 from radixlink.stores.faults import FaultyStore
 from radixlink.stores.keys import page_key
 from radixlink.stores.memory import MemoryStore
@@ -47,19 +49,23 @@ def test_key_templates_are_the_bytes_of_page_key() -> None:
     ns = namespace_id(Namespace(model="m", layout="l"))
     for ns_id, pool, rank in [(ns, PoolName.KV, 0), (ns, PoolName.SWA, 3), ("", "mamba", None),
                               (ns, PoolName.MAMBA, None)]:
-        assert pageio.page_keys(ns_id, pool, HASHES, rank) == [
+        keyspace = PageKeys(rank or 0, () if rank is not None else {PoolName(pool)})
+        assert keyspace.keys(PoolName(pool), HASHES, ns_id) == [
             page_key(ns_id, h, pool, rank) for h in HASHES]
-    keys = pageio.PageKeys(2, {PoolName.KV})
-    assert keys.keys(PoolName.KV, None, HASHES[:1]) == [page_key(namespace_id(None), HASHES[0],
+    keys = PageKeys(2, {PoolName.KV})
+    assert keys.keys(PoolName.KV, HASHES[:1], None) == [page_key(namespace_id(None), HASHES[0],
                                                                  PoolName.KV)]
-    assert keys.keys(PoolName.SWA, ns, HASHES[:1]) == [page_key(ns, HASHES[0], PoolName.SWA, 2)]
+    assert keys.keys(PoolName.SWA, HASHES[:1], ns) == [page_key(ns, HASHES[0], PoolName.SWA, 2)]
     assert not keys.writes(PoolName.KV) and keys.writes(PoolName.SWA)
+    fixed = PageKeys(2, namespace=ns)  # a fixed namespace: calls name none
+    assert fixed.keys(PoolName.SWA, HASHES) == keys.keys(PoolName.SWA, HASHES, ns)
+    assert fixed.namespace_id == ns and fixed.keys(PoolName.KV, []) == []
     with pytest.raises(ValueError, match="rank"):
-        pageio.PageKeys(-1)
+        PageKeys(-1)
     with pytest.raises(ValueError, match="pool"):
-        pageio.page_keys(ns, "nope", HASHES)
+        PageKeys().keys("nope", HASHES, ns)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="page hash '../x'"):
-        pageio.page_keys(ns, PoolName.KV, ["ab", "../x"])
+        PageKeys().keys(PoolName.KV, ["ab", "../x"], ns)
 
 
 def test_two_bad_pages_are_counted_deleted_and_rewritten_by_the_next_save() -> None:
@@ -69,7 +75,7 @@ def test_two_bad_pages_are_counted_deleted_and_rewritten_by_the_next_save() -> N
     skips present pages still writes all three."""
     store, arena = MemoryStore(1 << 20), StagingArena()
     codec = pageio.make_codec("fp", PAGE)
-    keys = pageio.page_keys("ab", PoolName.KV, HASHES)
+    keys = PageKeys().keys(PoolName.KV, HASHES, "ab")
     data = _pages(6, seed=1)
     assert _save(store, codec, keys, data, arena).stored == keys
     _damage(store, keys)
@@ -99,7 +105,7 @@ def test_a_bad_page_whose_delete_fails_reads_absent_and_is_overwritten() -> None
     inner, arena = MemoryStore(1 << 20), StagingArena()
     store = FaultyStore(inner, ops=("delete",), fail=1.0)
     codec = pageio.make_codec("fp", PAGE)
-    keys = pageio.page_keys("ab", PoolName.KV, HASHES)
+    keys = PageKeys().keys(PoolName.KV, HASHES, "ab")
     data = _pages(6, seed=2)
     _save(inner, codec, keys, data, arena)
     _damage(inner, keys)
@@ -120,7 +126,7 @@ def test_a_page_of_another_layout_or_key_is_a_miss_and_deleted() -> None:
     """Foreign pages: one written under another key, one of another layout fingerprint."""
     store, arena = MemoryStore(1 << 20), StagingArena()
     codec = pageio.make_codec("fp", PAGE)
-    keys = pageio.page_keys("ab", PoolName.KV, HASHES[:3])
+    keys = PageKeys().keys(PoolName.KV, HASHES[:3], "ab")
     data = _pages(3, seed=3)
     _save(store, codec, keys, data, arena)
     _save(store, pageio.make_codec("other", PAGE), keys[2:], data[2:], arena)

@@ -18,6 +18,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"contract", "errors", "seedmemo", "cost"},
     {"hashing", "memory"},
     {"config", "stores", "metrics", "kvevents"},
+    {"pages"},  # the page layer under the three adapters (linker, SGLang, vLLM): no tree
     {"cmdargs", "tree", "routing"},
     {"components", "checks"},
     {"eviction", "hybrid_slots", "nocache"},
@@ -134,3 +135,20 @@ def test_no_import_cycle_at_module_level() -> None:
         if v not in index:
             visit(v)
     assert not cycles, f"import cycles: {cycles}"
+
+
+# The engines' adapters reach radixlink through the page layer (DESIGN.md section 2): they keep
+# their own trees, so they must not import radixlink's tree, its components or its linker (their
+# demos may take the reference engine's workload and model export: ``engine`` is not listed).
+ENGINE_ADAPTERS = ("radixlink.integrations.sglang", "radixlink.integrations.vllm")
+TREE_SIDE = frozenset({"tree", "components", "eviction", "hybrid_slots", "nocache", "cache",
+                       "linker", "checks"})
+
+
+def test_engine_adapters_stand_on_the_page_layer() -> None:
+    """SGLang's and vLLM's adapters import neither the tree nor its linker (module level or
+    inside functions); their keys, presence, staging, I/O and restore rule are ``pages``'."""
+    reached = sorted(f"{module} -> {target}" for module, imports in _edges().items()
+                     if module.startswith(ENGINE_ADAPTERS)
+                     for target, _ in imports if _part(target) in TREE_SIDE)
+    assert not reached, "engine adapters reaching the tree side: " + ", ".join(reached)

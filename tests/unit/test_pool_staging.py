@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from radixlink.memory import KVLayout, KVPool
-from radixlink.memory.host import StagingArena
 from radixlink.memory.pools import _SMALL_BYTES
+from radixlink.pages.staging import LEAD, StagingArena, frames_bytes, layout_frames
 from radixlink.stores.codec import HEADER_BYTES
-from radixlink.stores.frames import LEAD, frames_bytes, layout_frames
 
 
 def _pool(num_layers: int = 3, head_dim: int = 8, page_size: int = 4,

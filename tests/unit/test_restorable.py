@@ -17,6 +17,7 @@ from radixlink.linker import (
     restorable_prefix_pages,
     run_ranks,
 )
+from radixlink.pages.restore import PoolRule, restorable, split_presence
 
 ALL = PoolHitPolicy.ALL_PAGES
 TRAIL = PoolHitPolicy.TRAILING_PAGES
@@ -170,6 +171,19 @@ def test_presence_from_store_rejects_misuse() -> None:
         presence_from_store(transfers, [True], window_pages={PoolName.SWA: 1})
     with pytest.raises(ValueError, match="no entry"):
         presence_from_store(transfers, [True, True])
+
+
+def test_one_flat_answer_gives_the_rule_of_every_adapter() -> None:
+    """``restorable`` (the lookup of SGLang's linker and vLLM's scheduler) is the rule over
+    ``split_presence`` of one flat answer, pool after pool, each of ``num_pages`` flags."""
+    rules = [PoolRule(PoolName.KV), PoolRule(PoolName.SWA, TRAIL, 2)]
+    flat = [True, True, True, False, True, True, True, False]
+    kv, sw = split_presence(rules, flat, [4, 4])
+    assert (kv.present, sw.present, sw.window_pages) == (tuple(flat[:4]), tuple(flat[4:]), 2)
+    assert restorable(rules, flat, 4) == \
+        restorable_prefix_pages(4, [kv, sw]).restorable_prefix_pages == [1, 2, 3]
+    with pytest.raises(ValueError, match="answered 7 keys"):
+        split_presence(rules, flat[:7], [4, 4])
 
 
 def test_local_rank_group_is_identity() -> None:

@@ -42,9 +42,9 @@ from radixlink.integrations.sglang.settings import (
     SUPPORTED_MODELS,
     parse_settings,
 )
-from radixlink.linker.restorable import PoolPresence, restorable_prefix_pages
-from radixlink.memory.host import StagingArena
-from radixlink.stores import pageio
+from radixlink.pages import pageio
+from radixlink.pages.restore import PoolPresence, PoolRule, restorable_prefix_pages, split_presence
+from radixlink.pages.staging import StagingArena
 from radixlink.stores.keys import KEY_PREFIX
 from radixlink.stores.registry import open_reachable_store
 
@@ -60,7 +60,7 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
     ``namespace`` (default: the model), the host page layout and the TP / PP / CP shape.
     MLA KV (identical on every rank) has no rank part and is written by SGLang's one storage
     writer; other pools carry the rank. Pages go through radixlink's page I/O
-    (``stores.pageio``): a page failing its checksum, layout fingerprint or key digest reads
+    (``pages.pageio``): a page failing its checksum, layout fingerprint or key digest reads
     as a per-page ``False`` and is deleted from the store (presence reads it absent, so
     SGLang writes the recomputed page again).
 
@@ -172,7 +172,7 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
         the ``len(transfer.keys)`` pages ending at L). Presence of a pool is asked for every
         KV key.
         """
-        plan = [(PoolName.KV, RadixlinkHitPolicy.ALL_PAGES, 0)]
+        rules = [PoolRule(PoolName.KV, RadixlinkHitPolicy.ALL_PAGES)]
         for transfer in pool_transfers or []:
             pool = _POOLS.get(str(transfer.name.value))
             if pool is None or transfer.hit_policy == PoolHitPolicy.BLOCK_GROUPS:
@@ -182,20 +182,13 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
                 )
             policy = RadixlinkHitPolicy(transfer.hit_policy.value)
             trailing = policy is RadixlinkHitPolicy.TRAILING_PAGES
-            plan.append((pool, policy, max(1, len(transfer.keys or ())) if trailing else 0))
+            window = max(1, len(transfer.keys or ())) if trailing else 0
+            rules.append(PoolRule(pool, policy, window))
+        key_space = self._require_keys()
         flags = pageio.present(
-            self._store, [k for pool, _, _ in plan for k in self._require_keys().keys(keys, pool)],
-            self._bad,
+            self._store, [k for rule in rules for k in key_space.keys(keys, rule.name)], self._bad,
         )
-        n = len(keys)
-        presence = [
-            PoolPresence(
-                name=pool, hit_policy=policy, present=tuple(flags[i * n : (i + 1) * n]),
-                window_pages=window,
-            )
-            for i, (pool, policy, window) in enumerate(plan)
-        ]
-        return _hit_result(presence)
+        return _hit_result(split_presence(rules, flags, [len(keys)] * len(rules)))
 
     @never_raises(lambda transfers, *_, **__: _false_per_transfer(transfers))
     def batch_get_v2(

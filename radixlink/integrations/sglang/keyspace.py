@@ -1,18 +1,18 @@
 """Store keys for pages SGLang names: ``v3/<namespace id>/<engine page hash>/<pool>[/r<rank>]``.
 
 Owns which namespace, layout and rank parts a page's key carries. The page hash is SGLang's own
-(never re-hashed here); the keys themselves come from ``stores.pageio``'s templates. Must not
+(never re-hashed here); the key bytes are the page layer's ``PageKeys``. Must not
 import SGLang or touch stores.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from radixlink.contract import PoolName
 from radixlink.hashing import Namespace
-from radixlink.stores.pageio import page_keys
+from radixlink.pages.keys import PageKeys
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,6 +29,11 @@ class KeySpace:
     namespace_id: str
     rank: int
     replicated: frozenset[PoolName]
+    _keys: PageKeys = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_keys", PageKeys(self.rank, self.replicated,
+                                                   namespace=self.namespace_id))
 
     @classmethod
     def create(
@@ -42,9 +47,8 @@ class KeySpace:
 
     def keys(self, hashes: Sequence[str], pool: PoolName) -> list[str]:
         """The store key of each engine page hash of ``pool``, in order."""
-        return page_keys(self.namespace_id, pool, hashes,
-                         None if pool in self.replicated else self.rank)
+        return self._keys.keys(pool, hashes)
 
     def writes(self, pool: PoolName) -> bool:
         """Whether this rank writes ``pool`` (replicated pools: rank 0 only)."""
-        return pool not in self.replicated or self.rank == 0
+        return self._keys.writes(pool)

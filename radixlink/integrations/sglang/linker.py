@@ -40,9 +40,9 @@ from radixlink.integrations.sglang.guard import (
 from radixlink.integrations.sglang.keyspace import KeySpace
 from radixlink.integrations.sglang.settings import parse_settings
 from radixlink.integrations.sglang.workers import LayerLoader, LoadBatches, Offloader, PageMove
-from radixlink.linker.restorable import PoolPresence, restorable_prefix_pages
-from radixlink.memory.host import StagingArena
-from radixlink.stores import pageio
+from radixlink.pages import pageio
+from radixlink.pages.restore import PoolRule, restorable
+from radixlink.pages.staging import StagingArena
 from radixlink.stores.base import Store
 from radixlink.stores.registry import open_reachable_store
 
@@ -161,7 +161,7 @@ class RadixlinkLinker(UnifiedCacheLinker):
         if kv is None or not kv.keys:
             return []
         hashes = list(kv.keys)
-        plan: list[tuple[PoolName, PoolHitPolicy, int]] = []
+        rules: list[PoolRule] = []
         keys: list[str] = []
         for transfer in transfers:
             pool = self._known_pool(transfer)
@@ -171,19 +171,9 @@ class RadixlinkLinker(UnifiedCacheLinker):
             window = len(transfer.keys or ()) if policy is PoolHitPolicy.TRAILING_PAGES else 0
             if policy is PoolHitPolicy.TRAILING_PAGES and window < 1:
                 return []
-            plan.append((pool, policy, window))
+            rules.append(PoolRule(pool, policy, window))
             keys += self._keys.keys(hashes, pool)  # NOTE: presence at every tail page
-        flags = pageio.present(self._store, keys, self._bad)
-        presence = [
-            PoolPresence(
-                name=pool,
-                hit_policy=policy,
-                present=tuple(flags[i * len(hashes) : (i + 1) * len(hashes)]),
-                window_pages=window,
-            )
-            for i, (pool, policy, window) in enumerate(plan)
-        ]
-        return restorable_prefix_pages(len(hashes), presence).restorable_prefix_pages
+        return restorable(rules, pageio.present(self._store, keys, self._bad), len(hashes))
 
     @never_raises(false)
     def load(self, rid: str, transfers: list[PoolTransfer]) -> bool:

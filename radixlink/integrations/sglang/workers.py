@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from radixlink.integrations.sglang.device_pools import PoolView
-from radixlink.memory.host import StagingArena
-from radixlink.stores import pageio
+from radixlink.pages import pageio
+from radixlink.pages.staging import StagingArena
 from radixlink.stores.base import Store
 
 logger = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ class LayerLoader:
     by layer from the staging (no join, no copy before the scatter).
 
     Every page is verified before the first layer lands, so a bad page fails the batch with
-    nothing written. Under the one corrupt-page policy (``stores.pageio``) every bad page of
+    nothing written. Under the one corrupt-page policy (``pages.pageio``) every bad page of
     the batch is counted and the present ones are deleted from the store and recorded in
     ``bad`` (lookups read them absent until they are written again). Layer ``l`` is reported
     to ``counter`` (SGLang's ``LayerWiseLoadCounter``) as soon as it is in place, so the

@@ -31,7 +31,7 @@ from radixlink.errors import StoreError
 from radixlink.integrations.vllm.keys import GroupLayout, KeyScheme
 from radixlink.integrations.vllm.metadata import PageJob
 from radixlink.integrations.vllm.reports import RadixlinkKVEvents, StoreReport
-from radixlink.stores import pageio
+from radixlink.pages import pageio
 from radixlink.stores.base import Store
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Store keys for vLLM's KV cache groups: one radixlink pool per group, namespaced by model and
 group layout, and the per-page hashes of a request (vLLM block hashes or radixlink token chains).
 
-Owns naming only (the key bytes are ``stores.pageio``'s templates). Must not open stores or
+Owns naming only (the key bytes are the page layer's ``PageKeys``). Must not open stores or
 touch tensors; both connector roles build the same ``GroupLayout`` list from the same
 configs, so scheduler and workers agree on every key.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from radixlink.contract import PoolName
 from radixlink.hashing import Namespace, page_hashes
-from radixlink.stores.pageio import page_keys
+from radixlink.pages.keys import PageKeys
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,21 +98,18 @@ class KeyScheme:
     def keys(
         self, group: GroupLayout, hashes: Sequence[str], rank: int, cache_salt: str = ""
     ) -> list[str]:
-        """The store keys of ``hashes`` in ``group`` on TP rank ``rank``."""
-        return page_keys(self._ns_id(group, cache_salt), group.pool, hashes, rank)
-
-    def template(self, group: GroupLayout, rank: int, cache_salt: str = "") -> tuple[str, str]:
-        """The key prefix and suffix of ``group``'s pages on ``rank``: a page's key is
-        ``prefix + hash + suffix``, the bytes ``keys`` builds."""
-        key = page_keys(self._ns_id(group, cache_salt), group.pool, [_HOLE], rank)[0]
-        head, tail = key.split(_HOLE)
-        return head, tail
+        """The store keys of ``hashes`` in ``group`` on TP rank ``rank``: one join and one
+        split (``PageKeys`` caches the key template of each group, rank and salt)."""
+        return _page_keys(rank).keys(group.pool, hashes, self._ns_id(group, cache_salt))
 
     def _ns_id(self, group: GroupLayout, cache_salt: str) -> str:
         return self.namespace_id(group, cache_salt if self.scheme == "token_chain" else "")
 
 
-_HOLE = "{}"  # NOTE: a hash stand-in no namespace id (hex) or pool name contains
+@lru_cache(maxsize=64)
+def _page_keys(rank: int) -> PageKeys:
+    """The key scheme of TP rank ``rank`` (vLLM's groups are never replicated across ranks)."""
+    return PageKeys(rank)
 
 
 @lru_cache(maxsize=4096)

@@ -1,5 +1,5 @@
 """The loads of one worker step as one batch: every distinct page key fetched once through
-``stores.pageio`` (``get_into`` into reused host staging, every page verified in place, every
+``pages.pageio`` (``get_into`` into reused host staging, every page verified in place, every
 bad one named, counted and, when present, deleted from the store).
 
 Owns a batch's staging buffers until its pages are scattered (``FetchedBatch.release``). Must
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import torch
 
 from radixlink.integrations.vllm.metadata import PageJob
-from radixlink.memory.host import StagingArena
-from radixlink.stores import pageio
+from radixlink.pages import pageio
+from radixlink.pages.staging import StagingArena
 from radixlink.stores.base import Store
 
 KeysFn = Callable[[PageJob, int, Sequence[str]], list[str]]
@@ -95,7 +95,7 @@ def fetch_batch(jobs: Sequence[PageJob], *, store: Store, codecs: Mapping[int, p
     ::
 
         staging of group g  | lead | header | payload 0 | tag? | pad | lead | header | ...
-        payloads[g]          rows = the payloads, at the frames' stride (``stores.frames``)
+        payloads[g]          rows = the payloads, at the frames' stride (``pages.staging``)
 
     Raises:
         StoreError and whatever the store raises: the caller fails every job of the batch

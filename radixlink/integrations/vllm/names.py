@@ -1,10 +1,9 @@
 """One request's page names on the scheduler: its page hashes, computed once and extended as
-vLLM hashes more blocks, and the one-pass joins that turn them into store keys from a
-(group, rank, salt) key prefix (cached by ``SchedulerSide``).
+vLLM hashes more blocks (store keys come from ``KeyScheme.keys``, the page layer's
+``PageKeys``).
 
-Owns the per-request hash cache and the batched hex / key joins (each a few C-level string
-operations, no per-page Python calls). Must not open stores or read vLLM's block manager; the
-key bytes are ``KeyScheme``'s (``stores.pageio``'s templates), byte for byte.
+Owns the per-request hash cache and the batched hex join (a few C-level string operations, no
+per-page Python calls). Must not open stores or read vLLM's block manager.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from typing import Any
 
 from radixlink.integrations.vllm.keys import KeyScheme
 
-_SEP = "\n"  # NOTE: never in a hex hash or a key template, so it splits joined keys apart
+_SEP = "\n"  # NOTE: never in a hex hash, so it splits the joined hashes apart
 
 
 def hex_names(raws: Sequence[bytes]) -> list[str]:
@@ -25,14 +24,6 @@ def hex_names(raws: Sequence[bytes]) -> list[str]:
     if not size or len(set(map(len, raws))) != 1:
         return [bytes(h).hex() for h in raws]
     return b"".join(raws).hex(_SEP, size).split(_SEP)
-
-
-def join_keys(template: tuple[str, str], hashes: Sequence[str]) -> list[str]:
-    """``[head + h + tail for h in hashes]`` in one join and one split (``hashes`` are hex)."""
-    if not hashes:
-        return []
-    head, tail = template
-    return (head + (tail + _SEP + head).join(hashes) + tail).split(_SEP)
 
 
 class PageNames:

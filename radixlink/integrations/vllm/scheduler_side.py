@@ -17,13 +17,14 @@ from radixlink.errors import StoreError
 from radixlink.integrations.vllm.events import StoreEvents
 from radixlink.integrations.vllm.keys import GroupLayout, KeyScheme
 from radixlink.integrations.vllm.metadata import GroupPages, PageJob, RadixlinkMetadata
-from radixlink.integrations.vllm.names import PageNames, join_keys
-from radixlink.linker.restorable import PoolPresence, largest_common, restorable_prefix_pages
-from radixlink.stores import pageio
+from radixlink.integrations.vllm.names import PageNames
+from radixlink.pages import pageio
+from radixlink.pages.restore import PoolRule, largest_common, restorable
 from radixlink.stores.base import Store
 
+_ALL, _TRAILING = PoolHitPolicy.ALL_PAGES, PoolHitPolicy.TRAILING_PAGES
+
 logger = logging.getLogger(__name__)
-_MAX_TEMPLATES = 4096  # (group, rank, salt) key prefixes cached; then the cache starts over
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,8 +72,9 @@ class SchedulerSide:
         self._lookups: dict[str, tuple[int, int]] = {}  # req -> (local pages, hit pages)
         self._saved: dict[str, int] = {}  # req -> leading pages stored (or skipped)
         self._names: dict[str, PageNames] = {}  # req -> page hashes known so far
-        self._templates: dict[tuple[int, int, str], tuple[str, str]] = {}  # key prefixes
         self._all_pages = all(g.window_pages == 0 for g in self._layouts)
+        self._rules = [PoolRule(g.pool, _TRAILING if g.window_pages else _ALL, g.window_pages)
+                       for g in self._layouts]  # fmt: skip
         self._loading: dict[str, _Loading] = {}
         self._load_failed: set[str] = set()  # requests whose load failed: no store hit again
         self._behind_hole: set[str] = set()  # pages stored past a missing one: never verified
@@ -118,8 +120,8 @@ class SchedulerSide:
         salt = request.cache_salt or ""
         flat: list[str] = []
         for rank in range(self._tp_size):
-            for i in range(len(self._layouts)):
-                flat += join_keys(self._template(i, rank, salt), tail)
+            for layout in self._layouts:
+                flat += self._scheme.keys(layout, tail, rank, salt)
         self.num_lookups += 1
         try:
             present = pageio.present(self.store, flat)
@@ -232,8 +234,8 @@ class SchedulerSide:
         group (for tools and benchmarks; the hot path builds them per lookup)."""
         hashes = self._page_hashes(request, num_pages)
         salt = request.cache_salt or ""
-        return [k for i in range(len(self._layouts))
-                for k in join_keys(self._template(i, rank, salt), hashes)]  # fmt: skip
+        return [k for layout in self._layouts
+                for k in self._scheme.keys(layout, hashes, rank, salt)]  # fmt: skip
 
     def _save_job(self, request: Any, block_ids: Sequence[Sequence[int]], end_tokens: int,
                   finishing: bool) -> PageJob | None:  # fmt: skip
@@ -280,40 +282,17 @@ class SchedulerSide:
             names = self._names[request.request_id] = PageNames()
         return names.first(self._scheme, request, self._block_size, num_pages)
 
-    def _template(self, index: int, rank: int, salt: str) -> tuple[str, str]:
-        """The key prefix and suffix of layout ``index`` on ``rank`` under ``salt``."""
-        template = self._templates.get((index, rank, salt))
-        if template is None:
-            if len(self._templates) >= _MAX_TEMPLATES:
-                self._templates.clear()  # NOTE: bounded with unbounded tenants (cache salts)
-            template = self._scheme.template(self._layouts[index], rank, salt)
-            self._templates[(index, rank, salt)] = template
-        return template
-
     def _hit(self, present: list[bool], num_pages: int) -> int:
         """The longest tail every group and rank can restore (``present``: ``num_pages``
         flags per group and rank, one run after another)."""
         if self._all_pages:  # NOTE: full attention only: the shortest leading run
             runs = (present[i : i + num_pages] for i in range(0, len(present), num_pages))
             return min(run.index(False) if False in run else num_pages for run in runs)
+        per_rank = len(self._layouts) * num_pages
         return largest_common([
-            restorable_prefix_pages(num_pages, self._presence(present, rank, num_pages))
-            .restorable_prefix_pages
-            for rank in range(self._tp_size)
+            restorable(self._rules, present[base : base + per_rank], num_pages)
+            for base in range(0, self._tp_size * per_rank, per_rank)
         ])  # fmt: skip
-
-    def _presence(self, present: Sequence[bool], rank: int, num_pages: int) -> list[PoolPresence]:
-        base = rank * len(self._layouts) * num_pages
-        out = []
-        for i, g in enumerate(self._layouts):
-            flags = tuple(present[base + i * num_pages : base + (i + 1) * num_pages])
-            trailing = g.window_pages > 0
-            out.append(PoolPresence(
-                name=g.pool,
-                hit_policy=PoolHitPolicy.TRAILING_PAGES if trailing else PoolHitPolicy.ALL_PAGES,
-                present=flags, window_pages=g.window_pages,
-            ))  # fmt: skip
-        return out
 
 
 def _uncount_external_tokens(request: Any, num_tokens: int) -> None:

@@ -22,8 +22,8 @@ from radixlink.integrations.vllm.loads import FetchedBatch, RequestLoad, fetch_b
 from radixlink.integrations.vllm.metadata import GroupPages, PageJob
 from radixlink.integrations.vllm.pages import PagedGroup
 from radixlink.integrations.vllm.reports import WorkerReports
-from radixlink.memory.host import StagingArena
-from radixlink.stores import pageio
+from radixlink.pages import pageio
+from radixlink.pages.staging import StagingArena
 from radixlink.stores.base import Store
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class WorkerSide:
     (missing, corrupt, foreign key, truncated, wrong layout, unsealed) is counted with its
     reason; the present ones are deleted from the store and overwritten by the next save of
     their recomputed pages (the heal), so a damaged store is mended in one pass: the one
-    corrupt-page policy of ``stores.pageio``, which does the store I/O.
+    corrupt-page policy of ``pages.pageio``, which does the store I/O.
 
     Args:
         layouts: the groups taking part (same list as the scheduler side).

@@ -1,4 +1,4 @@
-"""The one corrupt-page policy (``stores.pageio``) in both SGLang integrations: a batch with TWO
+"""The one corrupt-page policy (``pages.pageio``) in both SGLang integrations: a batch with TWO
 bad pages at different positions counts both, deletes both from the store (the linker used to
 quarantine them locally, the HiCache backend left them in place), and the next save writes
 both again."""

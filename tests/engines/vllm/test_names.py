@@ -14,7 +14,8 @@ pytest.importorskip("vllm", reason=VLLM_MISSING)
 
 from radixlink.contract import PoolName  # noqa: E402
 from radixlink.integrations.vllm.keys import GroupLayout, KeyScheme  # noqa: E402
-from radixlink.integrations.vllm.names import PageNames, hex_names, join_keys  # noqa: E402
+from radixlink.integrations.vllm.names import PageNames, hex_names  # noqa: E402
+from radixlink.stores.keys import page_key  # noqa: E402
 
 _GROUP = GroupLayout(group_id=0, pool=PoolName.KV, window_pages=0, block_size=16,
                      layer_names=("l0",), description="vllm-kv;kv;w0;test")  # fmt: skip
@@ -34,20 +35,22 @@ def _request(tokens: list[int], block_size: int, algo: str = "sha256"):
 
 
 def test_batched_hex_and_keys_are_the_per_page_bytes():
-    """hex_names is bytes.hex per hash (mixed lengths too); join_keys over a scheme's
-    template is KeyScheme.keys, byte for byte, for both schemes, ranks and salts."""
+    """hex_names is bytes.hex per hash (mixed lengths too); KeyScheme.keys (one join over
+    the page layer's cached template) is the store's per-page key, byte for byte, for both
+    schemes, ranks and salts (the salt names token chains only)."""
     raws = [os.urandom(32) for _ in range(50)]
     assert hex_names(raws) == [h.hex() for h in raws]
     mixed = [os.urandom(n) for n in (8, 32, 16)]
     assert hex_names(mixed) == [h.hex() for h in mixed]
-    assert hex_names([]) == [] and join_keys(("a/", "/b"), []) == []
+    assert hex_names([]) == []
     hashes = hex_names(raws)
     for scheme in (KeyScheme(model="m", scheme="vllm", algo="sha256", hash_block_size=16),
                    KeyScheme(model="m", scheme="token_chain", algo="xxh3", hash_block_size=16)):
         for rank in (0, 3):
             for salt in ("", "tenant-a"):
-                assert join_keys(scheme.template(_GROUP, rank, salt), hashes) == \
-                    scheme.keys(_GROUP, hashes, rank, salt)  # fmt: skip
+                ns = scheme.namespace_id(_GROUP, salt if scheme.scheme == "token_chain" else "")
+                assert scheme.keys(_GROUP, hashes, rank, salt) == \
+                    [page_key(ns, h, _GROUP.pool, rank) for h in hashes]  # fmt: skip
 
 
 @pytest.mark.parametrize("block_size, hash_block_size", [(16, 16), (32, 16)])

@@ -1,7 +1,7 @@
-"""Page I/O, written once for the linker, the SGLang linker and HiCache backend, and the vLLM
-worker: key templates, one codec per pool, batched get -> verify into caller-provided frames
-(``Store.get_into``), encode in place -> put from staging frames, the restorable-prefix
-presence query, and the one corrupt-page policy.
+"""Page I/O, written once for the transfer engine and every adapter (the tree's linker, SGLang's
+linker and HiCache backend, vLLM's workers): one codec per pool, batched get -> verify into
+staging frames (``Store.get_into``), encode in place -> put from staging frames, the presence
+query, and the one corrupt-page policy.
 
 The policy: every page of a read that is not a whole verified page of its pool's layout is a
 counted miss with its reason (``missing``, ``short``, or a codec reason: ``checksum``, ``key``
@@ -11,7 +11,7 @@ remembered in ``BadKeys`` so a writer that skips present pages still overwrites 
 recomputed page.
 
 Owns those rules. Must not touch the tree, pools or threads: callers gather into and scatter
-from the frames (``stores.frames``), and decide what a miss means for their engine.
+from the frames (``pages.staging``), and decide what a miss means for their engine.
 """
 
 from __future__ import annotations
@@ -19,24 +19,19 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlink.contract import PoolName
-from radixlink.hashing import namespace_id as _namespace_id
+from radixlink.pages.staging import Frames, StagingArena, frames_bytes, layout_frames
 from radixlink.stores.base import Store
 from radixlink.stores.codec import PageCodec
-from radixlink.stores.frames import Frames, frames_bytes, layout_frames
-from radixlink.stores.keys import page_key
 
 logger = logging.getLogger(__name__)
 
 Codec = PageCodec  # NOTE: the one name callers outside stores/ use for a pool's codec
 MISSING, SHORT = "missing", "short"  # reasons of misses the codec does not see
-_MAX_TEMPLATES = 4096  # (namespace, pool, rank) templates cached; then the cache starts over
 _MAX_BAD_KEYS = 1 << 16  # bad keys remembered until rewritten; then the set starts over
-_HOLE = "{}"
 
 
 def make_codec(fingerprint: str, page_bytes: int, *, secret: Any = None,
@@ -49,85 +44,6 @@ def make_codec(fingerprint: str, page_bytes: int, *, secret: Any = None,
         ValueError: a bad ``page_bytes``, checksum name, secret or MAC name.
     """
     return PageCodec(fingerprint, page_bytes, checksum, secret=secret, mac=mac)
-
-
-# ---------------------------------------------------------------- keys
-
-_templates: dict[tuple[str, str, int | None], tuple[str, str]] = {}
-_templates_lock = threading.Lock()
-
-
-def page_keys(namespace_id: str, pool: PoolName | str, hashes: Iterable[str],
-              rank: int | None = None) -> list[str]:
-    """The store keys ``v<format>/<namespace id>/<hash>/<pool>[/r<rank>]`` of ``hashes``:
-    the same bytes as ``keys.page_key`` per page, one string join each (the template of a
-    (namespace, pool, rank) is validated once, each hash checked for ``/``: engines name
-    pages with their own hashes).
-
-    Raises:
-        ValueError: a bad namespace id, pool, rank or hash (see ``keys.page_key``).
-    """
-    hashes = list(hashes)
-    bad = next((h for h in hashes if not h or "/" in h), None)
-    if bad is not None:
-        raise ValueError(f"page hash {bad!r} must be non-empty hex without '/'")
-    pool_value = pool.value if isinstance(pool, PoolName) else pool
-    template = _templates.get((namespace_id, pool_value, rank))
-    if template is None:
-        head, tail = page_key(namespace_id, _HOLE, pool_value, rank).split(_HOLE)
-        template = (head, tail)
-        with _templates_lock:
-            if len(_templates) >= _MAX_TEMPLATES:
-                _templates.clear()  # NOTE: bounded with unbounded tenants (cache salts)
-            _templates[(namespace_id, pool_value, rank)] = template
-    head, tail = template
-    return [head + h + tail for h in hashes]
-
-
-class PageKeys:
-    """Keys of one process's pages: its rank on every pool but the replicated ones.
-
-    Args:
-        rank: this process's tensor-parallel rank.
-        replicated: whether a pool is identical on every rank (its keys carry no rank), as
-            a predicate or a set of pools.
-    """
-
-    def __init__(self, rank: int = 0,
-                 replicated: Callable[[PoolName], bool] | Iterable[PoolName] = ()):
-        if not isinstance(rank, int) or rank < 0:
-            raise ValueError(f"rank must be a non-negative int, got {rank!r}")
-        self.rank = rank
-        if not callable(replicated):
-            replicated = frozenset(replicated).__contains__
-        self._replicated = replicated
-        self._templates: dict[tuple[PoolName, Any], tuple[str, str]] = {}
-
-    def rank_of(self, pool: PoolName) -> int | None:
-        """The rank part of ``pool``'s keys (None: replicated)."""
-        return None if self._replicated(pool) else self.rank
-
-    def writes(self, pool: PoolName) -> bool:
-        """Whether this rank writes ``pool`` (replicated pools: rank 0 only)."""
-        return self.rank == 0 or not self._replicated(pool)
-
-    def keys(self, pool: PoolName, namespace: Any, hashes: Iterable[str]) -> list[str]:
-        """The keys of ``hashes`` of ``pool`` in ``namespace``: a namespace id (str) or what
-        ``hashing.namespace_id`` takes (None, a ``Namespace``, a tuple of parts). One string
-        join per page (the per-(pool, namespace) template is built once)."""
-        template = self._templates.get((pool, namespace))
-        if template is None:
-            template = self._template(pool, namespace)
-        head, tail = template
-        return [head + h + tail for h in hashes]
-
-    def _template(self, pool: PoolName, namespace: Any) -> tuple[str, str]:
-        ns_id = namespace if isinstance(namespace, str) else _namespace_id(namespace)
-        head, tail = page_key(ns_id, _HOLE, pool, self.rank_of(pool)).split(_HOLE)
-        if len(self._templates) >= _MAX_TEMPLATES:
-            self._templates.clear()  # NOTE: bounded with unbounded tenants (cache salts)
-        self._templates[(pool, namespace)] = (head, tail)
-        return head, tail
 
 
 def leading_present(flags: Sequence[bool]) -> int:
@@ -215,11 +131,11 @@ class ReadResult:
         return sum(why == MISSING for why in self.reasons)
 
 
-def stage_pages(arena: Any, pools: Sequence[tuple[PageCodec, Sequence[str]]]
+def stage_pages(arena: StagingArena, pools: Sequence[tuple[PageCodec, Sequence[str]]]
                 ) -> tuple[tuple[Any, memoryview], list[PageFrames]]:
-    """Staging from ``arena`` (a ``memory.host.StagingArena``) for ``(codec, keys)`` per
-    pool: one buffer, one ``PageFrames`` per pool. Give it back with
-    ``arena.release(*staging)`` once its pages are written, or landed."""
+    """Staging from ``arena`` for ``(codec, keys)`` per pool: one buffer, one ``PageFrames``
+    per pool. Give it back with ``arena.release(*staging)`` once its pages are written, or
+    landed."""
     sizes = []
     for codec, keys in pools:
         sizes.append((len(keys), codec.page_bytes, codec.frame_bytes))

@@ -1,8 +1,9 @@
-"""Pure functions: per-pool page presence + hit policy -> restorable prefix lengths.
+"""The restore rule: per-pool page presence + hit policy -> restorable prefix lengths, pure.
 
-Owns the one rule every store and linker path uses (a trailing pool's window through
-``components.window.trailing_restorable``, the window rule's one home). Must not touch
-stores, the tree or ranks.
+Owns the one rule every adapter applies (the tree's linker, SGLang's linker and HiCache
+backend, vLLM's scheduler), the one split of a flat ``exists`` answer into per-pool presence,
+and the trailing-window rule (SWA's window, MAMBA's one page). Must not touch stores, the
+tree, ranks or components: a pool is named by its hit policy and window (``PoolRule``).
 """
 
 from __future__ import annotations
@@ -12,8 +13,19 @@ from dataclasses import dataclass
 from itertools import compress
 from operator import and_
 
-from radixlink.components.window import trailing_restorable
 from radixlink.contract import PoolHitPolicy, PoolName, PoolTransfer, PoolTransferResult
+
+_ALL, _TRAILING = PoolHitPolicy.ALL_PAGES, PoolHitPolicy.TRAILING_PAGES
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRule:
+    """What a restore needs of one pool: its hit policy and, for ``TRAILING_PAGES``, its
+    window in pages (SWA: ``ceil(W / page_size)``; MAMBA: 1)."""
+
+    name: PoolName
+    hit_policy: PoolHitPolicy = _ALL
+    window_pages: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,16 +65,12 @@ class PoolPresence:
     live_pages_before: int | None = None
 
     def __post_init__(self) -> None:
-        trailing = self.hit_policy is PoolHitPolicy.TRAILING_PAGES
-        if trailing and self.window_pages < 1:
+        trailing = self.hit_policy is _TRAILING
+        if self.window_pages < 1 if trailing else self.window_pages != 0:
             raise ValueError(
-                f"pool {self.name.value}: TRAILING_PAGES needs window_pages >= 1, got "
-                f"{self.window_pages} (SWA: ceil(window / page_size); MAMBA: 1)"
-            )
-        if not trailing and self.window_pages != 0:
-            raise ValueError(
-                f"pool {self.name.value}: ALL_PAGES takes no window, got window_pages="
-                f"{self.window_pages}; use TRAILING_PAGES for a windowed pool"
+                f"pool {self.name.value}: {self.hit_policy.name} takes window_pages "
+                f"{'>= 1 (SWA: ceil(window / page_size); MAMBA: 1)' if trailing else '0'}, "
+                f"got {self.window_pages}"
             )
         if self.live_pages_before is not None and self.live_pages_before < 0:
             raise ValueError(
@@ -114,7 +122,7 @@ def restorable_prefix_pages(num_pages: int, pools: Sequence[PoolPresence]) -> Po
 def _and_legal_lengths(legal: list[bool], pool: PoolPresence) -> None:
     """AND ``legal[L]`` (L = 1..len-1) with whether ``pool`` can restore length L."""
     present = pool.present
-    if pool.hit_policy is PoolHitPolicy.ALL_PAGES:
+    if pool.hit_policy is _ALL:
         first_missing = present.index(False) if False in present else len(present)
         legal[first_missing + 1 :] = [False] * max(0, len(legal) - first_missing - 1)
         return
@@ -136,61 +144,75 @@ def largest_common(lengths_per_rank: Sequence[Sequence[int]]) -> int:
     return max(common, default=0)
 
 
+def split_presence(rules: Sequence[PoolRule], present: Sequence[bool],
+                   sizes: Sequence[int]) -> list[PoolPresence]:
+    """Split one flat ``exists()`` answer back into per-pool presence: ``sizes[i]`` flags of
+    ``rules[i]``'s pages, pool after pool (the one split every adapter's lookup uses)::
+
+        present  T T F | T F F T | T
+                 KV    | SWA     | MAMBA
+
+    Raises:
+        ValueError: ``present`` does not answer every page.
+    """
+    if len(present) != sum(sizes):
+        raise ValueError(f"exists() answered {len(present)} keys but the {len(rules)} pools "
+                         f"hold {sum(sizes)}; ask about every pool's keys, pool after pool")
+    out, start = [], 0
+    for rule, size in zip(rules, sizes, strict=True):
+        out.append(PoolPresence(name=rule.name, hit_policy=rule.hit_policy,
+                                present=tuple(map(bool, present[start : start + size])),
+                                window_pages=rule.window_pages))
+        start += size
+    return out
+
+
+def restorable(rules: Sequence[PoolRule], present: Sequence[bool], num_pages: int) -> list[int]:
+    """Every restorable length from one ``exists`` answer about the same ``num_pages`` tail
+    pages of every pool in ``rules`` (in order)."""
+    pools = split_presence(rules, present, [num_pages] * len(rules))
+    return restorable_prefix_pages(num_pages, pools).restorable_prefix_pages
+
+
 def presence_from_store(
     transfers: Sequence[PoolTransfer],
     exists: Sequence[bool],
     *,
     window_pages: Mapping[PoolName, int] | None = None,
 ) -> list[PoolPresence]:
-    """Split one flat ``exists()`` answer back into per-pool presence.
-
-    The store was asked about ``[*transfers[0].keys, *transfers[1].keys, ...]`` in one batch;
-    ``exists`` answers it flag by flag in the same order::
-
-        exists   T T F | T F F T | T
-                 KV    | SWA     | MAMBA
-
-    Args:
-        transfers: the LOOKUP transfers, in the order their keys were concatenated.
-        exists: one flag per concatenated key.
-        window_pages: the window in pages of every TRAILING_PAGES pool, by pool name.
-
-    Returns:
-        One ``PoolPresence`` per transfer, in order.
+    """``split_presence`` of the keys of LOOKUP ``transfers``, concatenated in order (each
+    names its own pages), with the window of every TRAILING_PAGES pool by name.
 
     Raises:
-        ValueError: when ``exists`` does not answer every key, or a TRAILING_PAGES pool has no
-            window.
+        ValueError: a TRAILING_PAGES pool has no window, or ``exists`` does not answer every
+            key.
     """
-    num_keys = 0
-    for transfer in transfers:
-        num_keys += len(transfer.keys)
-    if len(exists) != num_keys:
-        raise ValueError(
-            f"exists() answered {len(exists)} keys but the {len(transfers)} transfers hold "
-            f"{num_keys}; ask the store about every transfer's keys, concatenated in order"
-        )
     windows = window_pages or {}
-    out: list[PoolPresence] = []
-    start = 0
-    for transfer in transfers:
-        end = start + len(transfer.keys)
-        window = 0
-        if transfer.hit_policy is PoolHitPolicy.TRAILING_PAGES:
-            if transfer.name not in windows:
-                raise ValueError(
-                    f"pool {transfer.name.value} is TRAILING_PAGES but window_pages has no "
-                    f"entry for it (has {sorted(n.value for n in windows)}); pass its window"
-                )
-            window = windows[transfer.name]
-        flags = tuple(map(bool, exists[start:end]))
-        out.append(
-            PoolPresence(
-                name=transfer.name,
-                hit_policy=transfer.hit_policy,
-                present=flags,
-                window_pages=window,
+    rules = []
+    for t in transfers:
+        if t.hit_policy is _TRAILING and t.name not in windows:
+            raise ValueError(
+                f"pool {t.name.value} is TRAILING_PAGES but window_pages has no entry for it "
+                f"(has {sorted(n.value for n in windows)}); pass its window"
             )
-        )
-        start = end
+        rules.append(PoolRule(t.name, t.hit_policy,
+                              windows[t.name] if t.hit_policy is _TRAILING else 0))
+    return split_presence(rules, exists, [len(t.keys) for t in transfers])
+
+
+def trailing_restorable(window_pages: int, present: tuple[bool, ...], num_lengths: int,
+                        live_before: int | None) -> list[bool]:
+    """The trailing-window rule of a restore, in pages: for each tail length ``L`` in
+    ``0..num_lengths-1``, whether a window of ``window_pages`` (SWA: ``Window.pages``; MAMBA's
+    state: 1) is whole at ``L``. It is when the window's last ``min(window_pages, L)`` tail
+    pages are ``present`` (pages past its end are absent) and the ``window_pages - L`` pages
+    it reaches back before page 0 (when ``L < window_pages``) are live on device: at most
+    ``live_before`` of them (None: all). Length 0 is never whole."""
+    out = [False] * num_lengths
+    num_present = len(present)
+    run = 0  # consecutive present pages ending at page L - 1
+    for n in range(1, num_lengths):
+        run = run + 1 if n <= num_present and present[n - 1] else 0
+        need = min(window_pages, n)  # the tail pages the window covers (``Window.trailing``)
+        out[n] = run >= need and (live_before is None or window_pages - need <= live_before)
     return out

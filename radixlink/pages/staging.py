@@ -1,19 +1,22 @@
-"""Host staging for page I/O: ``Frames``, the layout of one pool's encoded pages inside a
-reusable host buffer (a ``memory.host.StagingArena`` buffer, pinned when the pools are on
-CUDA), shared by the linker, the SGLang integration and the vLLM worker.
+"""Host staging for page I/O, one noun: ``StagingArena`` (reusable host buffers by size class,
+pinned when the pools are on CUDA) and ``Frames``, the layout of one pool's encoded pages
+inside such a buffer, used by the transfer engine and every adapter.
 
-Owns byte offsets. Must not touch the tree, stores or pools: gathers and scatters write into
-the views it hands out; the codec fills headers in place; ``pageio`` reads and writes them.
+Owns buffers and byte offsets. Must not touch the tree, stores or pools: gathers and scatters
+write into the views it hands out; the codec fills headers in place; ``pages.pageio`` reads
+and writes them.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
 
 from radixlink.stores.codec import HEADER_BYTES
 
+_MIN_CLASS = 1 << 12  # the smallest staging buffer
 ALIGN = 16  # payloads start 16-byte aligned: pools move rows as up to 16-byte elements
 LEAD = -HEADER_BYTES % ALIGN  # bytes before a frame's header so its payload is aligned
 
@@ -97,3 +100,50 @@ def frames_bytes(sizes: list[tuple[int, int, int]]) -> int:
         total += count * frame_stride(frame)
     return total
 
+
+
+class StagingArena:
+    """Reusable host buffers by power-of-two size class; buffers come back with ``release``
+    (from any thread). At most ``max_cached_bytes`` of released buffers are kept.
+
+    Args:
+        pinned: allocate page-locked memory (the pools are on CUDA).
+        max_cached_bytes: released bytes kept for reuse; the rest is freed.
+    """
+
+    def __init__(self, *, pinned: bool = False, max_cached_bytes: int = 64 << 20):
+        self.pinned = pinned
+        self.max_cached_bytes = max_cached_bytes
+        self._free: dict[int, list[tuple[torch.Tensor, memoryview]]] = {}
+        self._cached = 0
+        self._lock = threading.Lock()
+        self._counts = {"staging_allocs": 0, "staging_reuses": 0}
+
+    def acquire(self, nbytes: int) -> tuple[torch.Tensor, memoryview]:
+        """A buffer of at least ``nbytes`` (contents stale) and its byte view."""
+        size = max(_MIN_CLASS, 1 << max(0, nbytes - 1).bit_length())
+        with self._lock:
+            free = self._free.get(size)
+            if free:
+                self._cached -= size
+                self._counts["staging_reuses"] += 1
+                return free.pop()
+            self._counts["staging_allocs"] += 1
+        # NOTE: never an inference tensor, even when first asked for under an engine's
+        # torch.inference_mode (vLLM's model runner): a reused buffer is written in place on
+        # I/O threads, where an inference tensor refuses in-place updates.
+        with torch.inference_mode(False):
+            buffer = torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
+        return buffer, buffer.numpy().data
+
+    def release(self, buffer: torch.Tensor, view: memoryview) -> None:
+        """Give a buffer back (nobody may use it afterwards)."""
+        size = buffer.numel()
+        with self._lock:
+            if self._cached + size <= self.max_cached_bytes:
+                self._free.setdefault(size, []).append((buffer, view))
+                self._cached += size
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {**self._counts, "staging_cached_bytes": self._cached}
