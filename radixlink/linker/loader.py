@@ -23,7 +23,7 @@ import torch
 
 from radixlink.checks import check_req_id, check_seconds
 from radixlink.components.base import ComponentLoad
-from radixlink.contract import InsertParams, MatchResult, PoolTransfer
+from radixlink.contract import ComponentType, InsertParams, MatchResult, PoolTransfer
 from radixlink.cost import Source
 from radixlink.linker.jobs import load_job
 from radixlink.linker.loads import LoadTable, Member, Transfer
@@ -302,7 +302,7 @@ class Loader:
             self._abort(transfer, failure_reason(done, transfer, self.closed))
             return
         try:
-            match = publish(self.cache, reservation)
+            match, adopted = publish(self.cache, reservation)
         except ValueError as exc:  # the insert refused before changing anything
             stats["failures_publish"] += 1
             self._abort(transfer, f"publish refused: {exc}")
@@ -317,6 +317,10 @@ class Loader:
             model.observe_load(Source.STORE, done.num_bytes, done.seconds)
         stats["loaded_bytes"] += done.num_bytes
         stats["loaded_pages"] += len(reservation.lookup.keys)
+        # NOTE: loaded tokens the tree already held (another request inserted them meanwhile):
+        # their reserved slots went back to the free list, not into the tree
+        stats["loaded_tokens_not_adopted"] += (len(reservation.lookup.tokens)
+                                               - reservation.prefix_len - adopted)
         outcomes = success_outcomes(self.cache, transfer, match)
         self.cache.unlock(reservation.handle)
         for outcome in outcomes:
@@ -415,12 +419,14 @@ def release(cache: Any, reservation: Reservation) -> None:
     cache.unlock(reservation.handle)
 
 
-def publish(cache: Any, reservation: Reservation) -> MatchResult:
+def publish(cache: Any, reservation: Reservation) -> tuple[MatchResult, int]:
     """Insert the locked device prefix plus the verified loaded slots, with each load's
     insert fields (not a hit, no linker callback: the lookup's page keys go with it; COMMIT
     has nothing left to do: the insert adopts or frees every reserved slot), and check the
     tree now serves every loaded token (the restored length is the loaded length). Returns
-    that read-only match of the restored prefix.
+    that read-only match of the restored prefix and the loaded tokens the tree adopted (the
+    insert tracks adopted ranges, DESIGN.md section 5: fewer when another request inserted
+    the same prefix meanwhile and the loaded slots were freed).
 
     Raises:
         ShortRestore: the tree serves less than ``len(lookup.tokens)`` after the publish (the
@@ -439,7 +445,7 @@ def publish(cache: Any, reservation: Reservation) -> MatchResult:
         if load is not None:
             fields.update(load.insert)
     params = InsertParams(key=lookup.tokens, value=value, prev_prefix_len=prefix,
-                          namespace=lookup.namespace, **fields)
+                          namespace=lookup.namespace, track_adopted_ranges=True, **fields)
     # NOTE: the lookup's page keys, chained from the device prefix: the insert never calls
     # the linker back for them.
     result = cache.insert_loaded(params, page_hashes=(prefix // cache.page_size, lookup.keys))
@@ -448,7 +454,7 @@ def publish(cache: Any, reservation: Reservation) -> MatchResult:
     if match.prefix_len < len(lookup.tokens):
         reservation.loads = []  # NOTE: the insert took every slot
         raise _short_restore(match.prefix_len, len(lookup.tokens), prefix)
-    return match
+    return match, result.adopted_tokens(ComponentType.FULL)
 
 
 def _short_restore(served: int, total: int, prefix: int) -> ShortRestore:

@@ -103,6 +103,7 @@ def test_partial_device_prefix_loads_only_the_tail(store) -> None:
     assert linker_b.load("r")
     out = linker_b.wait_load("r")
     assert out.ok and out.prefix_len == 40 and out.loaded_len == 28
+    assert linker_b.stats().get("loaded_tokens_not_adopted") == 0  # the tree adopted all 28
     cache_b.unlock(out.lock)
     linker_b.flush()
     assert_exact(cache_b)
@@ -120,6 +121,8 @@ def test_insert_during_load_trims_the_load_to_adopted_pages(store) -> None:
     serve(cache_b, TOKENS)  # the same pages, computed locally meanwhile
     out = linker_b.wait_load("r", timeout=10)
     assert out.ok and out.prefix_len == 40
+    # NOTE: the publish's insert tracks adopted ranges: all 40 loaded tokens were the tree's
+    assert linker_b.stats()["loaded_tokens_not_adopted"] == 40
     cache_b.unlock(out.lock)
     linker_b.flush()
     assert_exact(cache_b)
