@@ -1,9 +1,10 @@
 """A real engine in a child process, driven by JSON-line commands and stopped by PID: the
-protocol both sides share (the SGLang engine nodes use it; vLLM's ``nodes.py`` speaks the same).
+protocol both sides share (SGLang's ``engine_process`` / ``engines`` and vLLM's
+``node_process`` / ``nodes``).
 
-Owns the child's command loop (``serve``) and the parent's handle (``ChildProcess``): start,
-one command at a time with a timeout, the log, stopping the whole process group. Must not know
-what an engine is.
+Owns the child's side (``start_engine``: build the engine and say so; ``serve``: the command
+loop) and the parent's handle (``ChildProcess``): start, one command at a time with a timeout,
+the log, stopping the whole process group. Must not know what an engine is.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 REPLY = "@@radixlink-node "
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
+T = TypeVar("T")
 
 
 class NodeError(RuntimeError):
@@ -33,6 +35,19 @@ def reply(payload: dict[str, Any]) -> None:
     """One reply line on stdout (the child's own logging shares stdout; the parent skips it)."""
     sys.stdout.write(REPLY + json.dumps(payload) + "\n")
     sys.stdout.flush()
+
+
+def start_engine(build: Callable[[], T]) -> T | None:
+    """The child's first step: ``build()`` the engine, then the first reply, ``{"ready": True,
+    "load_s": seconds}``, or the failure (the parent raises it with the traceback): None."""
+    began = time.perf_counter()
+    try:
+        engine = build()
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises
+        reply({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+        return None
+    reply({"ready": True, "load_s": time.perf_counter() - began})
+    return engine
 
 
 def serve(handlers: dict[str, Handler]) -> None:

@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from radixlink.integrations.child import reply, serve
+from radixlink.integrations.child import reply, serve, start_engine
 from radixlink.integrations.sglang.engines import STANDINS_HINT
 
 
@@ -54,17 +54,15 @@ def main(argv: list[str]) -> int:
         reply({"error": f"sgl_kernel is not importable. {STANDINS_HINT}", "usage": True})
         return 2
     spec = json.loads(argv[0])
-    start = time.perf_counter()
-    try:
+
+    def build() -> Any:
         import sglang
 
-        engine = sglang.Engine(**spec["server_args"])
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises
-        import traceback
+        return sglang.Engine(**spec["server_args"])
 
-        reply({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+    engine = start_engine(build)
+    if engine is None:
         return 1
-    reply({"ready": True, "load_s": time.perf_counter() - start})
 
     def generate(cmd: dict[str, Any]) -> dict[str, Any]:
         """The prompts as concurrent requests (one batch for SGLang's scheduler). A request

@@ -2,8 +2,8 @@
 ``radixlink.integrations.vllm.nodes.VllmNode``: the node of the real-engine tests, the vLLM demo
 and ``bench vllm``.
 
-Owns building the engine from a JSON spec and answering commands. Every reply is one stdout line
-that starts with ``REPLY``; vLLM's own logging shares stdout and is passed over by the parent.
+Owns building the engine from a JSON spec and answering commands (the protocol is
+``integrations.child``'s: vLLM's own logging shares stdout and is passed over by the parent).
 Run as ``python -m radixlink.integrations.vllm.node_process SPEC_JSON``.
 """
 
@@ -12,15 +12,9 @@ from __future__ import annotations
 import json
 import sys
 import time
-import traceback
 from typing import Any
 
-REPLY = "@@radixlink-node "
-
-
-def _reply(payload: dict[str, Any]) -> None:
-    sys.stdout.write(REPLY + json.dumps(payload) + "\n")
-    sys.stdout.flush()
+from radixlink.integrations.child import serve, start_engine
 
 
 def _build(spec: dict[str, Any]) -> Any:
@@ -91,32 +85,17 @@ def _metrics(llm: Any) -> dict[str, float]:
 
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
-    start = time.perf_counter()
-    try:
-        llm = _build(spec)
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises
-        _reply({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+    llm = start_engine(lambda: _build(spec))
+    if llm is None:
         return 1
-    _reply({"ready": True, "load_s": time.perf_counter() - start})
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        try:
-            op = cmd["op"]
-            if op == "generate":
-                _reply(_generate(llm, cmd["prompts"], cmd["max_tokens"]))
-            elif op == "reset_prefix_cache":
-                _reply({"ok": _reset(llm)})
-            elif op == "metrics":
-                _reply({"metrics": _metrics(llm)})
-            elif op == "exit":
-                _reply({"ok": True})
-                break
-            else:
-                _reply({"error": f"unknown op {op!r}"})
-        except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises
-            _reply({"error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc()})
-    del llm
+    handlers = {
+        "generate": lambda cmd, llm=llm: _generate(llm, cmd["prompts"], cmd["max_tokens"]),
+        "reset_prefix_cache": lambda cmd, llm=llm: {"ok": _reset(llm)},
+        "metrics": lambda cmd, llm=llm: {"metrics": _metrics(llm)},
+    }
+    serve(handlers)
+    handlers.clear()
+    del llm  # NOTE: the last reference: vLLM shuts its engine core down before exit
     return 0
 
 

@@ -2,25 +2,19 @@
 command and stopped by PID: the nodes of the real-engine tests, ``demo --engine vllm`` and
 ``bench vllm``.
 
-Owns the node spec, the process, its environment and the reply protocol. Must not decide what
-runs on the nodes.
+Owns the node spec and its environment (the process and its protocol are
+``integrations.child``'s). Must not decide what runs on the nodes.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import queue
-import signal
-import subprocess
-import sys
-import threading
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from radixlink.integrations.vllm.node_process import REPLY
+from radixlink.integrations.child import ChildProcess
 
 CONNECTOR = "RadixlinkConnector"
 CONNECTOR_MODULE = "radixlink.integrations.vllm"
@@ -84,10 +78,6 @@ class NodeSpec:
     env: dict[str, str] = field(default_factory=dict)
 
 
-class NodeError(RuntimeError):
-    """A node failed to start or to answer; carries the tail of its log."""
-
-
 class VllmNode:
     """A started vLLM process. Use as a context manager; ``close`` stops it by PID.
 
@@ -103,95 +93,41 @@ class VllmNode:
         self.spec = spec
         self.log_path = Path(log_path)
         payload = {k: v for k, v in asdict(spec).items() if k not in ("env", "kv_cache_gib")}
-        env = {**os.environ, **engine_env(spec.kv_cache_gib), **spec.env}
-        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed by close()
-        self._proc = subprocess.Popen(
-            [python or sys.executable, "-m", "radixlink.integrations.vllm.node_process",
-             json.dumps(payload)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=env, start_new_session=True)
-        self._replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        ready = self._wait(start_timeout_s, "start")
-        self.load_s = float(ready["load_s"])
+        self._child = ChildProcess(
+            "radixlink.integrations.vllm.node_process", json.dumps(payload), log_path,
+            env={**os.environ, **engine_env(spec.kv_cache_gib), **spec.env}, python=python,
+            start_timeout_s=start_timeout_s, what="vLLM node")
+        self.load_s = float(self._child.ready["load_s"])
 
     @property
     def pid(self) -> int:
-        return self._proc.pid
+        return self._child.pid
 
     def generate(self, prompts: list[list[int]], max_tokens: int,
                  timeout_s: float = 600.0) -> dict[str, Any]:  # fmt: skip
         """Greedy outputs of ``prompts`` in one batch: ``{"results": [{"output_ids",
         "ttft_s", "num_cached_tokens"}], "wall_s"}``."""
-        return self._call({"op": "generate", "prompts": prompts, "max_tokens": max_tokens},
-                          timeout_s)
+        return self._child.call({"op": "generate", "prompts": prompts,
+                                 "max_tokens": max_tokens}, timeout_s)
 
     def reset_prefix_cache(self) -> bool:
         """Empty vLLM's device prefix cache (the next request must come from the store)."""
-        return bool(self._call({"op": "reset_prefix_cache"}, 120.0)["ok"])
+        return bool(self._child.call({"op": "reset_prefix_cache"}, 120.0)["ok"])
 
     def metrics(self) -> dict[str, float]:
         """vLLM's own counters (``LLM.get_metrics``), ``name{labels}`` -> value."""
-        return self._call({"op": "metrics"}, 120.0)["metrics"]
+        return self._child.call({"op": "metrics"}, 120.0)["metrics"]
 
     def log_tail(self, num_lines: int = 40) -> str:
-        self._log.flush()
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
+        return self._child.log_tail(num_lines)
 
     def close(self) -> None:
-        """Ask the engine to exit; past 60 s, kill its whole process group. Idempotent."""
-        if self._proc.poll() is None:
-            try:
-                self._call({"op": "exit"}, 60.0)
-                self._proc.wait(60.0)
-            except (NodeError, OSError, subprocess.TimeoutExpired):
-                pass
-        if self._proc.poll() is None:
-            os.killpg(self._proc.pid, signal.SIGKILL)
-            self._proc.wait()
-        else:  # NOTE: vLLM's engine-core child shares the group; make sure it is gone too
-            try:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self._log.close()
+        """Ask the engine to exit; past 60 s, kill its whole process group (vLLM's
+        engine-core child shares it). Idempotent."""
+        self._child.close(60.0)
 
     def __enter__(self) -> VllmNode:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _call(self, cmd: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        if self._proc.poll() is not None:
-            raise NodeError(f"vLLM node {self.pid} has exited:\n{self.log_tail()}")
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(json.dumps(cmd) + "\n")
-        self._proc.stdin.flush()
-        return self._wait(timeout_s, cmd["op"])
-
-    def _wait(self, timeout_s: float, what: str) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                reply = self._replies.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise NodeError(f"vLLM node {self.pid}: no answer to {what} in {timeout_s} s:"
-                                f"\n{self.log_tail()}") from None
-            if reply is None:
-                raise NodeError(f"vLLM node {self.pid} exited during {what}:\n"
-                                f"{self.log_tail()}")
-            if "error" in reply:
-                raise NodeError(f"vLLM node {self.pid}: {what} failed: {reply['error']}\n"
-                                f"{reply.get('traceback', '')}\n{self.log_tail()}")
-            return reply
-
-    def _read(self) -> None:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            if line.startswith(REPLY):
-                self._replies.put(json.loads(line[len(REPLY):]))
-            else:
-                self._log.write(line)
-        self._replies.put(None)
