@@ -10,16 +10,46 @@ nodes. Must not start engines.
 
 from __future__ import annotations
 
+import argparse
 import statistics
+import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from radixlink.engine.demo import LONG_PREFIX, percentile, print_table
+from radixlink.engine.demo import LONG_PREFIX, faults_url, percentile, print_table
 from radixlink.engine.weights import ChatTokenizer
 from radixlink.engine.workload import WorkloadSpec, build_workload, schedule, turn_prompt
+
+
+class DemoSetup(NamedTuple):
+    """What both real-engine demos start from: a scratch folder, each node's store URL (the
+    shared store, with each node's own faults when asked) and the workload."""
+
+    tmp: str
+    urls: list[str]
+    spec: WorkloadSpec
+
+
+def demo_setup(args: argparse.Namespace, engine: str) -> DemoSetup:
+    """The reference demo's ``args`` as a ``DemoSetup``; prints the workload line."""
+    tmp = tempfile.mkdtemp(prefix=f"radixlink-{engine}-demo-")
+    store = args.store or f"file://{tmp}/store?capacity=4GiB"
+    urls = [faults_url(store, args.faults, seed=i) if args.faults else store
+            for i in range(args.nodes)]
+    spec = WorkloadSpec(num_conversations=args.conversations, num_turns=args.turns,
+                        num_system_prompts=args.system_prompts,
+                        context_tokens=args.context_tokens)
+    return DemoSetup(tmp, urls, spec)
+
+
+def workload_line(args: argparse.Namespace, unit: str) -> str:
+    """The demo's workload in one line (``unit``: what serves a turn, e.g. ``engine``)."""
+    return (f"workload: {args.conversations} conversations x {args.turns} turns, "
+            f"{args.system_prompts} shared system prompts of ~{args.context_tokens} tokens, "
+            f"{args.max_new_tokens} new tokens per turn; turn k+1 goes to another {unit}\n")
 
 
 class HFTokenizer(ChatTokenizer):

