@@ -1,8 +1,8 @@
-"""The loads of one worker step as one batch: every distinct page key fetched once through
-``pages.pageio`` (``get_into`` into reused host staging, every page verified in place, every
-bad one named, counted and, when present, deleted from the store).
+"""The loads of one worker step as one batch: every distinct page key read once, as one LOAD job of
+the page layer's ``TransferEngine`` (``get_into`` into its staging, every page verified in place
+under ``pages.pageio``'s one corrupt-page policy), then the verdict split per request.
 
-Owns a batch's staging buffers until its pages are scattered (``FetchedBatch.release``). Must
+Owns the plan of a batch (which request's block takes which fetched row) and its split. Must
 not write KV tensors (the worker scatters on the model runner's thread) or decide what vLLM
 does with a failure.
 """
@@ -17,10 +17,10 @@ import torch
 
 from radixlink.integrations.vllm.metadata import PageJob
 from radixlink.pages import pageio
-from radixlink.pages.staging import StagingArena
-from radixlink.stores.base import Store
+from radixlink.pages.engine import Completion, Job, TransferEngine
 
 KeysFn = Callable[[PageJob, int, Sequence[str]], list[str]]
+Rows = list[tuple[int, tuple[int, ...], list[int]]]  # per group (group_id, block_ids, rows)
 
 
 @dataclass(slots=True)
@@ -39,7 +39,7 @@ class RequestLoad:
     """
 
     req_id: str
-    pages: list[tuple[int, tuple[int, ...], list[int]]] = field(default_factory=list)
+    pages: Rows = field(default_factory=list)
     bad_blocks: set[int] = field(default_factory=set)
     reasons: Counter[str] = field(default_factory=Counter)
     num_pages: int = 0
@@ -59,86 +59,102 @@ class RequestLoad:
 
 @dataclass(slots=True)
 class FetchedBatch:
-    """A finished batch: per-request results, and the staging they point into.
+    """A finished batch: per-request results, and the engine job whose staging they point into.
 
     Attributes:
         requests: one entry per load job, in job order.
         payloads: per group, its distinct pages as uint8 ``[pages, page_bytes]`` rows: views
-            of the staging buffer (row stride is the encoded frame, the payload after the
+            of the job's staging (row stride is the encoded frame, the payload after the
             header), so a page is never copied before it is scattered.
-        num_fetched: distinct pages read from the store (each once, however many requests
-            share it).
         bad_keys: keys whose stored value was present but bad (deleted from the store).
+        job: the LOAD job (no lander): its staging stays held until ``release``.
     """
 
     requests: list[RequestLoad]
     payloads: dict[int, torch.Tensor] = field(default_factory=dict)
-    num_fetched: int = 0
     bad_keys: list[str] = field(default_factory=list)
-    staging: list[tuple[torch.Tensor, memoryview]] = field(default_factory=list)
+    job: Job | None = None
 
-    def release(self, arena: StagingArena) -> None:
+    def release(self, engine: TransferEngine) -> None:
         """Give the staging back (after every scatter); the payloads are invalid afterwards."""
         self.payloads.clear()
-        for buffer in self.staging:
-            arena.release(*buffer)
-        self.staging.clear()
+        if self.job is not None:
+            engine.release(self.job)
+            self.job = None
 
 
-def fetch_batch(jobs: Sequence[PageJob], *, store: Store, codecs: Mapping[int, pageio.Codec],
-                arena: StagingArena, keys: KeysFn, bad: pageio.BadKeys | None = None
-                ) -> FetchedBatch:  # fmt: skip
-    """Read the pages of ``jobs`` with one ``get_into`` of their distinct keys, verify each
-    distinct page once (``pageio.read``: present bad pages are deleted and added to ``bad``),
-    and split the result per request.
+@dataclass(slots=True)
+class LoadPlan:
+    """A step's loads before the read: per job its groups' ``(group_id, block_ids, rows)``,
+    and per group the distinct keys to read (a key shared by several jobs once).
 
     ::
 
         staging of group g  | lead | header | payload 0 | tag? | pad | lead | header | ...
         payloads[g]          rows = the payloads, at the frames' stride (``pages.staging``)
-
-    Raises:
-        StoreError and whatever the store raises: the caller fails every job of the batch
-        (the staging is released first).
     """
-    rows: dict[int, dict[str, int]] = {gid: {} for gid in codecs}
-    job_rows: list[list[tuple[int, tuple[int, ...], list[int]]]] = []
-    for job in jobs:
-        per_group = []
-        for g in job.groups:
-            index = rows[g.group_id]
-            wanted = [index.setdefault(k, len(index)) for k in keys(job, g.group_id, g.hashes)]
-            per_group.append((g.group_id, g.block_ids, wanted))
-        job_rows.append(per_group)
-    batch = FetchedBatch(requests=[])
-    groups = [gid for gid, index in rows.items() if index]
-    if not groups:
-        batch.requests = [RequestLoad(req_id=job.req_id, num_pages=job.num_pages)
-                          for job in jobs]
+
+    jobs: list[PageJob]
+    rows: list[Rows]
+    keys: dict[int, dict[str, int]]  # group id -> key -> row, for groups with pages
+
+    @classmethod
+    def of(cls, jobs: Sequence[PageJob], groups: Sequence[int], keys: KeysFn) -> LoadPlan:
+        index: dict[int, dict[str, int]] = {gid: {} for gid in groups}
+        rows: list[Rows] = []
+        for job in jobs:
+            per_group = []
+            for g in job.groups:
+                seen = index[g.group_id]
+                wanted = [seen.setdefault(k, len(seen)) for k in keys(job, g.group_id, g.hashes)]
+                per_group.append((g.group_id, g.block_ids, wanted))
+            rows.append(per_group)
+        return cls(list(jobs), rows, {gid: seen for gid, seen in index.items() if seen})
+
+    def pools(self, codecs: Mapping[int, pageio.Codec]) -> list[tuple[pageio.Codec, list[str]]]:
+        """``(codec, keys)`` per group with pages, in the order of the job's parts."""
+        return [(codecs[gid], list(seen)) for gid, seen in self.keys.items()]
+
+    def failed(self, error: str) -> FetchedBatch:
+        """Every request failed whole (the read raised, or never ran)."""
+        return FetchedBatch(requests=[
+            RequestLoad(req_id=job.req_id, num_pages=job.num_pages, error=error,
+                        bad_blocks={b for g in job.groups for b in g.block_ids})
+            for job in self.jobs
+        ])  # fmt: skip
+
+    def split(self, job: Job | None, done: Completion | None) -> FetchedBatch:
+        """The completed read of ``job`` per request: each keeps its verified leading pages of
+        each group, the rest are its bad blocks (a bad page fails only the requests that need
+        it). No job (no group has pages): every request loads nothing, and nothing failed."""
+        if job is None or done is None:
+            return FetchedBatch(requests=[RequestLoad(req_id=j.req_id, num_pages=j.num_pages)
+                                          for j in self.jobs])  # fmt: skip
+        read = done.read
+        if read is None:  # NOTE: the store raised, or the engine closed before the read ran
+            batch = self.failed(done.detail or done.status.value)
+            batch.job = job
+            return batch
+        batch = FetchedBatch(requests=[], bad_keys=read.bad_keys, job=job,
+                             payloads={gid: part.frames.payloads()
+                                       for gid, part in zip(self.keys, job.parts)})
+        offsets, pos = {}, 0
+        for gid, seen in self.keys.items():
+            offsets[gid] = pos
+            pos += len(seen)
+        reasons = read.reasons
+        for page_job, per_group in zip(self.jobs, self.rows, strict=True):
+            load = RequestLoad(req_id=page_job.req_id, num_pages=page_job.num_pages)
+            for gid, block_ids, wanted in per_group:
+                if read.ok:  # NOTE: the common case: no per-page look at the reasons
+                    if wanted:
+                        load.pages.append((gid, block_ids, wanted))
+                    continue
+                why_not = [reasons[offsets[gid] + row] for row in wanted]
+                good = next((i for i, why in enumerate(why_not) if why is not None), len(wanted))
+                load.reasons.update(why for why in why_not if why is not None)
+                load.bad_blocks.update(block_ids[good:])
+                if good:
+                    load.pages.append((gid, block_ids[:good], wanted[:good]))
+            batch.requests.append(load)
         return batch
-    staging, parts = pageio.stage_pages(arena, [(codecs[gid], list(rows[gid])) for gid in groups])
-    batch.staging.append(staging)
-    try:
-        read = pageio.read(store, parts, bad=bad)
-    except BaseException:
-        batch.release(arena)
-        raise
-    batch.payloads = {gid: part.frames.payloads() for gid, part in zip(groups, parts)}
-    batch.num_fetched = len(read.reasons)
-    batch.bad_keys = read.bad_keys
-    offsets, pos = {}, 0
-    for gid in groups:
-        offsets[gid] = pos
-        pos += len(rows[gid])
-    reasons = read.reasons
-    for job, per_group in zip(jobs, job_rows, strict=True):
-        load = RequestLoad(req_id=job.req_id, num_pages=job.num_pages)
-        for gid, block_ids, wanted in per_group:
-            why_not = [reasons[offsets[gid] + row] for row in wanted]
-            good = next((i for i, why in enumerate(why_not) if why is not None), len(wanted))
-            load.reasons.update(why for why in why_not if why is not None)
-            load.bad_blocks.update(block_ids[good:])
-            if good:
-                load.pages.append((gid, block_ids[:good], wanted[:good]))
-        batch.requests.append(load)
-    return batch

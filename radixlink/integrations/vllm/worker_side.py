@@ -1,28 +1,31 @@
 """The worker-side half of the connector: loads and saves between one TP rank's KV tensors and
-the store, on background threads, with completions drained on the model runner's thread.
+the store, as jobs of the page layer's ``TransferEngine`` (its I/O threads, close budget, stats
+and corrupt-page policy), with completions drained on the model runner's thread.
 
-Owns threads, codecs and the load/save queues of one worker. Device writes happen only on the
-caller's thread (``transfer_results``), so they are ordered with the model's own kernels; the
-threads only talk to the store. Never raises across threads: a failed load is a load error.
+Owns the codecs, the in-flight save budget and the finished loads of one worker. Device writes
+happen only on the caller's thread (``transfer_results``), so they are ordered with the model's
+own kernels: a LOAD job has no lander, its verified frames wait in staging for the scatter.
+Never raises across threads: a failed load is a load error.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from radixlink.integrations.vllm.keys import GroupLayout, KeyScheme
-from radixlink.integrations.vllm.loads import FetchedBatch, RequestLoad, fetch_batch
+from radixlink.integrations.vllm.loads import FetchedBatch, LoadPlan, RequestLoad
 from radixlink.integrations.vllm.metadata import GroupPages, PageJob
 from radixlink.integrations.vllm.pages import PagedGroup
 from radixlink.integrations.vllm.reports import WorkerReports
 from radixlink.pages import pageio
+from radixlink.pages.engine import Completion, Job, TransferEngine, TransferKind
 from radixlink.pages.staging import StagingArena
 from radixlink.stores.base import Store
 
@@ -32,6 +35,8 @@ STAT_NAMES = (
     "loaded_pages", "fetched_pages", "bad_pages", "healed_pages", "saved_pages",
     "skipped_pages", "dropped_saves", "failed_loads", "failed_saves",
 )  # fmt: skip
+_ENGINE_STATS = ("fetched_pages", "bad_pages", "healed_pages", "saved_pages", "skipped_pages",
+                 "failed_saves")  # NOTE: the engine's counters of the same names and meaning
 
 
 class WorkerSide:
@@ -43,14 +48,14 @@ class WorkerSide:
     (missing, corrupt, foreign key, truncated, wrong layout, unsealed) is counted with its
     reason; the present ones are deleted from the store and overwritten by the next save of
     their recomputed pages (the heal), so a damaged store is mended in one pass: the one
-    corrupt-page policy of ``pages.pageio``, which does the store I/O.
+    corrupt-page policy of ``pages.pageio``, run by the worker's ``TransferEngine``.
 
     Args:
         layouts: the groups taking part (same list as the scheduler side).
         scheme: key naming shared with the scheduler.
         store: the page store (owned: closed by ``close``).
         tp_rank: this worker's tensor-parallel rank (part of every key and fingerprint).
-        num_threads: store I/O threads.
+        num_threads: store I/O threads (the engine's).
         max_inflight_save_bytes: host bytes of saves queued at once; past it saves are
             dropped and counted (a dropped save is a later miss, never a stall).
         block_errors: report failed loads as block ids (one KV cache group: vLLM keeps the
@@ -70,19 +75,17 @@ class WorkerSide:
         self._max_inflight = max_inflight_save_bytes
         self._groups: dict[int, PagedGroup] = {}
         self._codecs: dict[int, pageio.Codec] = {}
-        self._pool = ThreadPoolExecutor(num_threads, thread_name_prefix="radixlink-vllm")
+        self._engine = TransferEngine(
+            store, num_threads, name="radixlink-vllm",
+            arena=StagingArena(max_cached_bytes=min(max_inflight_save_bytes, 256 << 20)))
         self._done: queue.Queue[FetchedBatch] = queue.Queue()
         self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        self._pending = 0
         self._inflight_bytes = 0
         self._finished_sending: set[str] = set()
         self._load_errors: set[int] = set()
-        self._bad = pageio.BadKeys()  # found bad here: the next save never skips them
         self._kv_caches: Mapping[str, torch.Tensor] = {}
         self._num_blocks = 0
-        self._arena = StagingArena(max_cached_bytes=min(max_inflight_save_bytes, 256 << 20))
-        self.stats = dict.fromkeys(STAT_NAMES, 0)
+        self._counts = dict.fromkeys(STAT_NAMES, 0)  # the worker's own; see ``stats``
         self._reported = dict.fromkeys(STAT_NAMES, 0)
         self.reports = WorkerReports(tp_rank, self._keys) if kv_events else None
 
@@ -109,8 +112,10 @@ class WorkerSide:
                            f"rank{self._rank}|{group.order}|{group.page_bytes}")  # fmt: skip
             self._codecs[gid] = pageio.make_codec(fingerprint, group.page_bytes,
                                                   secret=self._store.page_secret)
-        if any(g.device.type == "cuda" for g in groups.values()) and not self._arena.pinned:
-            self._arena = StagingArena(pinned=True, max_cached_bytes=self._arena.max_cached_bytes)
+        arena = self._engine.arena
+        if any(g.device.type == "cuda" for g in groups.values()) and not arena.pinned:
+            # NOTE: before any job (register precedes the first step): no staging is out
+            self._engine.arena = StagingArena(pinned=True, max_cached_bytes=arena.max_cached_bytes)
 
     @property
     def registered(self) -> bool:
@@ -128,7 +133,7 @@ class WorkerSide:
                 batch = self._done.get_nowait()
             except queue.Empty:
                 break
-            batch.release(self._arena)
+            batch.release(self._engine)
             for load in batch.requests:
                 load.error = load.error or "KV caches unregistered (sleep) before the scatter"
                 load.bad_blocks.update(b for _, block_ids, _ in load.pages for b in block_ids)
@@ -145,10 +150,27 @@ class WorkerSide:
             self.register(self._kv_caches, self._num_blocks)
 
     def start_loads(self, jobs: Sequence[PageJob]) -> None:
-        """Queue this step's loads as one batch on the I/O threads (store reads and verify;
-        no device writes)."""
-        if jobs:
-            self._submit(self._load, list(jobs))
+        """Queue this step's loads as one LOAD job of the engine (store reads and verify on
+        its I/O threads; no device writes): each distinct page once, into staging held until
+        ``transfer_results`` scattered it."""
+        if not jobs:
+            return
+        plan = LoadPlan.of(jobs, list(self._codecs), self._keys)
+        if not plan.keys:
+            self._done.put(plan.split(None, None))
+            return
+        try:
+            staging, parts = pageio.stage_pages(self._engine.arena, plan.pools(self._codecs))
+        except Exception as exc:  # noqa: BLE001 - no staging: every load fails, none raises
+            self._done.put(plan.failed(f"{type(exc).__name__}: {exc}"))
+            return
+        job = Job(kind=TransferKind.LOAD, parts=parts, staging=staging)
+        job.done = functools.partial(self._loaded, plan, job)
+        try:
+            self._engine.submit(job)
+        except ValueError as exc:  # NOTE: closed: the staging goes back, the loads fail
+            self._engine.release(job)
+            self._done.put(plan.failed(str(exc)))
 
     def save(self, jobs: Sequence[PageJob]) -> None:
         """Copy each job's pages out now (the blocks may be reused after this step) into
@@ -160,15 +182,14 @@ class WorkerSide:
             num_bytes = sum(sizes)
             if job.finishing:
                 self._finished_sending.add(job.req_id)
+            if not groups:
+                continue
             with self._lock:
                 if self._inflight_bytes + num_bytes > self._max_inflight:
-                    self.stats["dropped_saves"] += 1
+                    self._counts["dropped_saves"] += 1
                     continue
                 self._inflight_bytes += num_bytes
-            staging = [self._arena.acquire(size) for size in sizes]
-            pages = [(g, self._groups[g.group_id].gather(g.block_ids, buf[:size]))
-                     for g, size, (buf, _) in zip(groups, sizes, staging, strict=True)]
-            self._submit(self._put, job, pages, num_bytes, staging)
+            self._submit_save(job, groups, sizes)
 
     def transfer_results(self) -> tuple[set[str], set[str], set[str]]:
         """Drain finished transfers: scatter verified pages into the KV tensors (this thread),
@@ -188,10 +209,22 @@ class WorkerSide:
         sending, self._finished_sending = self._finished_sending, set()
         return sending, recving, failed
 
+    @property
+    def stats(self) -> dict[str, int]:
+        """Every ``STAT_NAMES`` counter since the start: the engine's reads, verdicts and
+        writes (``fetched_pages``, ``bad_pages``, ``saved_pages``, ``skipped_pages``,
+        ``healed_pages``, ``failed_saves``) and the worker's scatters and drops."""
+        counted = self._engine.stats()
+        with self._lock:
+            out = dict(self._counts)
+        for name in _ENGINE_STATS:
+            out[name] += counted[name]
+        return out
+
     def staging_stats(self) -> dict[str, int]:
-        """The save staging buffers: ``staging_allocs``, ``staging_reuses``,
+        """The staging buffers of loads and saves: ``staging_allocs``, ``staging_reuses``,
         ``staging_cached_bytes``."""
-        return self._arena.stats()
+        return self._engine.arena.stats()
 
     def store_stats(self) -> dict[str, Any]:
         """This worker's store's own counters (``hits``, ``misses``, ``puts`` ...)."""
@@ -200,8 +233,7 @@ class WorkerSide:
     def take_stats(self) -> dict[str, int]:
         """``stats`` counted since the last call (only the nonzero ones): the per-interval
         payload of vLLM's connector stats."""
-        with self._lock:
-            now = dict(self.stats)
+        now = self.stats
         delta = {name: now[name] - self._reported[name] for name in STAT_NAMES}
         self._reported = now
         return {name: value for name, value in delta.items() if value}
@@ -213,12 +245,12 @@ class WorkerSide:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until no load or save is queued or running; False on timeout."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+        return self._engine.wait_idle(timeout)
 
     def close(self) -> None:
-        """Finish queued transfers, stop the threads and close the store. Idempotent."""
-        self._pool.shutdown(wait=True)
+        """Finish queued transfers within the engine's ``CLOSE_BUDGET_S`` (then cancel the
+        queued ones), stop its threads and close the store. Idempotent."""
+        self._engine.close()
         self._store.close()
 
     def _finish_batch(self, batch: FetchedBatch) -> None:
@@ -232,83 +264,68 @@ class WorkerSide:
                         continue
                 for gid, block_ids, rows in load.pages:
                     self._groups[gid].scatter(block_ids, batch.payloads[gid], rows)
-                    self.stats["loaded_pages"] += len(block_ids)
+                    with self._lock:
+                        self._counts["loaded_pages"] += len(block_ids)
                 self._load_errors |= load.bad_blocks
         finally:
-            batch.release(self._arena)
+            batch.release(self._engine)
 
     def _fail(self, load: RequestLoad) -> None:
         with self._lock:
-            self.stats["failed_loads"] += 1
+            self._counts["failed_loads"] += 1
         kept = sum(len(block_ids) for _, block_ids, _ in load.pages) if self._block_errors else 0
         logger.warning("radixlink load of request %s failed: %s; %d verified leading pages "
                        "kept, the rest is recomputed", load.req_id, load.describe(), kept)
 
-    def _submit(self, fn: Callable[..., None], *args: Any) -> None:
-        with self._lock:
-            self._pending += 1
-        self._pool.submit(self._guarded, fn, *args)
-
-    def _guarded(self, fn: Callable[..., None], *args: Any) -> None:
-        try:
-            fn(*args)
-        except Exception:  # noqa: BLE001 - a failure is a status, never a raise across threads
-            logger.exception("radixlink transfer failed")
-        finally:
-            with self._idle:
-                self._pending -= 1
-                self._idle.notify_all()
-
-    def _load(self, jobs: list[PageJob]) -> None:
-        try:
-            batch = fetch_batch(jobs, store=self._store, codecs=self._codecs,
-                                arena=self._arena, keys=self._keys, bad=self._bad)  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 - store died, timeouts: every load fails
-            error = f"{type(exc).__name__}: {exc}"
-            batch = FetchedBatch(requests=[
-                RequestLoad(req_id=job.req_id, num_pages=job.num_pages, error=error,
-                            bad_blocks={b for g in job.groups for b in g.block_ids})
-                for job in jobs
-            ])  # fmt: skip
-        else:
-            if self.reports is not None:
-                self.reports.after_read(jobs, batch)
-        with self._lock:
-            self.stats["fetched_pages"] += batch.num_fetched
-            self.stats["bad_pages"] += len(batch.bad_keys)
+    def _loaded(self, plan: LoadPlan, job: Job, done: Completion) -> None:
+        """A LOAD job completed (I/O thread): split its verdict per request, report it, and
+        queue it for the scatter (its staging stays held until then)."""
+        batch = plan.split(job, done)
+        if done.read is not None and self.reports is not None:
+            self.reports.after_read(plan.jobs, batch)
         self._done.put(batch)
 
-    def _put(self, job: PageJob, pages: list[tuple[GroupPages, torch.Tensor]],
-             num_bytes: int, staging: list[tuple[torch.Tensor, memoryview]]) -> None:
-        counts = {"saved_pages": 0, "skipped_pages": 0, "failed_saves": 0, "healed_pages": 0}
-        frames = None
+    def _submit_save(self, job: PageJob, groups: list[GroupPages], sizes: list[int]) -> None:
+        """Copy the pages out now (the blocks may be reused after this step) into reused
+        staging, then queue an OFFLOAD job whose ``fill`` copies them into its frames on an
+        I/O thread (encode in place, skip the present pages unless ``job.overwrite``: pages
+        past a failed load were never verified)."""
+        arena = self._engine.arena
+        raw = [arena.acquire(size) for size in sizes]
         try:
-            # NOTE: one presence batch per group first: pages another instance (or an earlier
-            # request) stored are not encoded or sent again, unless found bad here or the
-            # request's load failed (pages past the failure were never verified).
-            frames, parts = pageio.stage_pages(self._arena, [
+            pages = [self._groups[g.group_id].gather(g.block_ids, buf[:size])
+                     for g, size, (buf, _) in zip(groups, sizes, raw, strict=True)]
+            staging, parts = pageio.stage_pages(arena, [
                 (self._codecs[g.group_id], self._keys(job, g.group_id, g.hashes))
-                for g, _ in pages])  # fmt: skip
-            for part, (_, data) in zip(parts, pages):
-                part.frames.payloads().copy_(data)
-            written = pageio.write(self._store, parts, skip_present=not job.overwrite,
-                                   bad=self._bad)
-            counts["skipped_pages"] += written.skipped
-            counts["healed_pages"] += written.healed
-            counts["saved_pages"] += len(written.stored)
-            counts["failed_saves"] += len(written.failed)
+                for g in groups])  # fmt: skip
+        except BaseException:
+            self._saved(job, groups, sum(sizes), raw, None)
+            raise
+        save = Job(kind=TransferKind.OFFLOAD, parts=parts, staging=staging,
+                   fill=functools.partial(_fill, parts, pages), skip_present=not job.overwrite,
+                   done=functools.partial(self._saved, job, groups, sum(sizes), raw))
+        try:
+            self._engine.submit(save)
+        except ValueError as exc:  # NOTE: closed: a dropped save is a later miss
+            self._engine.release(save)
+            self._saved(job, groups, sum(sizes), raw, None)
+            logger.warning("radixlink save of %s dropped: %s", job.req_id, exc)
+
+    def _saved(self, job: PageJob, groups: list[GroupPages], num_bytes: int,
+               raw: list[tuple[torch.Tensor, memoryview]], done: Completion | None) -> None:
+        """A save ended (``done`` None: it never ran): the gathered pages' staging goes back
+        and its bytes leave the in-flight budget."""
+        for buffer in raw:
+            self._engine.arena.release(*buffer)
+        with self._lock:
+            self._inflight_bytes -= num_bytes
+        if done is None:
+            return
+        if done.written is not None:
             if self.reports is not None:
-                self.reports.after_write(job, [g for g, _ in pages], written.failed)
-        except Exception as exc:  # noqa: BLE001 - a failed save is a later miss
-            counts["failed_saves"] += 1
-            logger.warning("radixlink save of %s failed: %s", job.req_id, exc)
-        finally:
-            for buffer in staging if frames is None else [*staging, frames]:
-                self._arena.release(*buffer)  # NOTE: the store copied or wrote every page
-            with self._lock:
-                self._inflight_bytes -= num_bytes
-                for name, value in counts.items():
-                    self.stats[name] += value
+                self.reports.after_write(job, groups, done.written.failed)
+        elif not done.ok:
+            logger.warning("radixlink save of %s failed: %s", job.req_id, done.detail)
 
     def _keys(self, job: PageJob, group_id: int, hashes: Sequence[str]) -> list[str]:
         return self._scheme.keys(self._layouts[group_id], hashes, self._rank, job.cache_salt)
@@ -323,3 +340,9 @@ def _by_block(tensor: torch.Tensor, num_blocks: int) -> torch.Tensor:
             f"KV tensor of shape {tuple(tensor.shape)} does not split into {num_blocks} blocks"
         )
     return tensor.unflatten(0, (num_blocks, -1))
+
+
+def _fill(parts: Sequence[pageio.PageFrames], pages: Sequence[torch.Tensor]) -> None:
+    """Copy gathered pages into the frames' payloads (an OFFLOAD job's ``fill``)."""
+    for part, data in zip(parts, pages, strict=True):
+        part.frames.payloads().copy_(data)
