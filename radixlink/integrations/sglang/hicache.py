@@ -1,7 +1,9 @@
 """``RadixlinkHiCacheStorage``: a radixlink store as SGLang's HiCache L3 storage backend.
 
 Owns the ``HiCacheStorage`` contract: v1 zero-copy page I/O against the registered host pool,
-v2 per-pool I/O and presence for hybrid pools. Must not touch SGLang's cache controller or
+v2 per-pool I/O and presence for hybrid pools. SGLang calls them synchronously: each runs as
+one ``pages.engine.TransferEngine`` job on the caller's thread (``run``), under the engine's
+corrupt-page policy, bad keys and stats. Must not touch SGLang's cache controller or
 tree; imports SGLang.
 
 Launch (docs/integrations.md)::
@@ -16,7 +18,6 @@ Launch (docs/integrations.md)::
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import torch
@@ -43,6 +44,7 @@ from radixlink.integrations.sglang.settings import (
     parse_settings,
 )
 from radixlink.pages import pageio
+from radixlink.pages.engine import Job, TransferEngine, TransferKind
 from radixlink.pages.restore import PoolPresence, PoolRule, restorable_prefix_pages, split_presence
 from radixlink.pages.staging import StagingArena
 from radixlink.stores.keys import KEY_PREFIX
@@ -93,8 +95,8 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
         self._keys: KeySpace | None = None
         self._pages: dict[PoolName, HostPages] = {}
         self._codecs: dict[PoolName, pageio.Codec] = {}
-        self._bad = pageio.BadKeys()
-        self._arena = StagingArena()
+        # NOTE: every call runs on SGLang's thread (``run``): one I/O thread stays idle
+        self._engine = TransferEngine(self._store, 1, StagingArena(), name="radixlink-hicache")
 
     # ---- host pool registration ----
 
@@ -186,7 +188,8 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
             rules.append(PoolRule(pool, policy, window))
         key_space = self._require_keys()
         flags = pageio.present(
-            self._store, [k for rule in rules for k in key_space.keys(keys, rule.name)], self._bad,
+            self._store, [k for rule in rules for k in key_space.keys(keys, rule.name)],
+            self._engine.bad,
         )
         return _hit_result(split_presence(rules, flags, [len(keys)] * len(rules)))
 
@@ -236,10 +239,15 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
             self._store.clear(f"{KEY_PREFIX}{self._keys.namespace_id}/")
 
     def get_stats(self) -> Any:
-        return None
+        return None  # NOTE: SGLang wants its StorageMetrics here; radixlink's are ``stats()``
+
+    def stats(self) -> dict[str, int]:
+        """The transfer engine's counters (jobs, pages fetched / bad / saved, staging)."""
+        return self._engine.stats()
 
     @never_raises(nothing)
     def close(self) -> None:
+        self._engine.close()
         self._store.close()
 
     # ---- helpers ----
@@ -264,35 +272,39 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
         return pool
 
     def _exists(self, keys: list[str], pool: PoolName) -> list[bool]:
-        return pageio.present(self._store, self._require_keys().keys(keys, pool), self._bad)
+        return pageio.present(self._store, self._require_keys().keys(keys, pool),
+                              self._engine.bad)
 
     def _get(self, pool: PoolName, keys: list[str], host_indices: Any) -> list[bool]:
+        """One LOAD job with no lander: the engine reads and verifies every page into staging,
+        then the verified ones land into their host slots with one batched scatter."""
         pages, codec = self._pages[pool], self._codecs[pool]
         if not keys or host_indices is None or host_indices.numel() != len(keys) * pages.page_size:
             return [False] * len(keys)
         store_keys = self._require_keys().keys(keys, pool)
-        start = time.perf_counter()
-        staging, parts = pageio.stage_pages(self._arena, [(codec, store_keys)])
+        staging, parts = pageio.stage_pages(self._engine.arena, [(codec, store_keys)])
+        job = Job(kind=TransferKind.LOAD, parts=parts, staging=staging)
         try:
-            read = pageio.read(self._store, parts, bad=self._bad)
-            read_s = time.perf_counter() - start
-            ok = [why is None for why in read.reasons]
+            done = self._engine.run(job)
+            if done.read is None:  # NOTE: the store failed: nothing arrived
+                logger.warning("radixlink hicache get of %d %s pages failed: %s", len(keys),
+                               pool.value, done.detail)
+                return [False] * len(keys)
+            ok = [why is None for why in done.read.reasons]
             good = [i for i, flag in enumerate(ok) if flag]
             if good:
-                # NOTE: one batched scatter of every verified page, from the staging rows
                 data = parts[0].frames.payloads()[good]
                 slots = host_indices.reshape(len(keys), pages.page_size)[good].reshape(-1)
                 pages.write(slots, data)
         finally:
-            self._arena.release(*staging)
-        logger.info(
-            "radixlink hicache get: %d of %d %s pages, %d bytes; read and verified in %.4f s, "
-            "landed in %.4f s", len(good), len(keys), pool.value, len(good) * pages.page_bytes,
-            read_s, time.perf_counter() - start - read_s,
-        )
+            self._engine.release(job)
+        logger.info("radixlink hicache get: %d of %d %s pages, %d bytes; read and verified in "
+                    "%.4f s", len(good), len(keys), pool.value, len(good) * pages.page_bytes,
+                    done.seconds)
         return ok
 
     def _set(self, pool: PoolName, keys: list[str], host_indices: Any) -> list[bool]:
+        """One OFFLOAD job run here: the host pages copied into staging, encoded, one put."""
         pages, codec = self._pages[pool], self._codecs[pool]
         if not keys or host_indices is None or host_indices.numel() != len(keys) * pages.page_size:
             return [False] * len(keys)
@@ -300,13 +312,18 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
         if pool in keyspace.replicated and not self._config.is_storage_writer:
             return [True] * len(keys)  # another rank writes this replicated page
         store_keys = keyspace.keys(keys, pool)
-        staging, parts = pageio.stage_pages(self._arena, [(codec, store_keys)])
-        try:
+        staging, parts = pageio.stage_pages(self._engine.arena, [(codec, store_keys)])
+
+        def fill() -> None:
             parts[0].frames.payloads().copy_(pages.read(host_indices))
-            written = pageio.write(self._store, parts, bad=self._bad)
-        finally:
-            self._arena.release(*staging)
-        stored = set(written.stored)
+
+        done = self._engine.run(Job(kind=TransferKind.OFFLOAD, parts=parts, staging=staging,
+                                    fill=fill))
+        if done.written is None:
+            logger.warning("radixlink hicache set of %d %s pages failed: %s", len(keys),
+                           pool.value, done.detail)
+            return [False] * len(keys)
+        stored = set(done.written.stored)
         return [key in stored for key in store_keys]
 
 

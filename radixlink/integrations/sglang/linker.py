@@ -1,8 +1,9 @@
 """``RadixlinkLinker``: radixlink stores behind SGLang's unified cache external linker.
 
-Owns the ``UnifiedCacheLinker`` contract (lookup, queued layer-wise loads, in-order offloads).
-SGLang's own wrapper (``UnifiedCacheLinkerWrapper``) keeps the tree side: hashing, rank
-agreement, slot reservation, publishing. Must not touch SGLang's tree; imports SGLang.
+Owns the ``UnifiedCacheLinker`` contract (lookup, queued layer-wise loads, in-order offloads);
+its transfers run on one ``pages.engine.TransferEngine`` per linker. SGLang's own wrapper
+(``UnifiedCacheLinkerWrapper``) keeps the tree side: hashing, rank agreement, slot
+reservation, publishing. Must not touch SGLang's tree; imports SGLang.
 
 Launch (docs/integrations.md)::
 
@@ -39,8 +40,16 @@ from radixlink.integrations.sglang.guard import (
 )
 from radixlink.integrations.sglang.keyspace import KeySpace
 from radixlink.integrations.sglang.settings import parse_settings
-from radixlink.integrations.sglang.workers import LayerLoader, LoadBatches, Offloader, PageMove
+from radixlink.integrations.sglang.workers import (
+    InOrder,
+    LoadBatches,
+    PageMove,
+    load_job,
+    log_load,
+    offload_job,
+)
 from radixlink.pages import pageio
+from radixlink.pages.engine import Completion, TransferEngine
 from radixlink.pages.restore import PoolRule, restorable
 from radixlink.pages.staging import StagingArena
 from radixlink.stores.base import Store
@@ -49,6 +58,8 @@ from radixlink.stores.registry import open_reachable_store
 logger = logging.getLogger(__name__)
 
 _POOLS = {pool.value: pool for pool in PoolName}
+IO_THREADS = 2
+"""The engine's I/O threads: a load batch need not wait for an offload running before it."""
 REFUSED_REVISION = (
     "radixlink linker: this SGLang's unified cache linker contract has no "
     "LayerWiseLoadCounter (the revision of SGLang PR #40595, whose loads complete through "
@@ -130,14 +141,12 @@ class RadixlinkLinker(UnifiedCacheLinker):
             # counter; the KV pool's counter is registered by SGLang's cache factory.
             params.req_to_token_pool.register_layer_transfer_counter(self.layer_done_counter)
         self._device = next(iter(views.values())).device
-        self._bad = pageio.BadKeys()
-        arena = StagingArena(pinned=self._device.type == "cuda")
-        self._batches = LoadBatches()
-        self._loader = LayerLoader(
-            self._store, self.layer_done_counter, self._device_pools.num_layers, self._sync,
-            self._bad, arena, on_done=self._batches.ended,
+        self._engine = TransferEngine(
+            self._store, IO_THREADS, StagingArena(pinned=self._device.type == "cuda"),
+            name="radixlink-sglang",
         )
-        self._offloader = Offloader(self._store, self._bad, arena)
+        self._batches = LoadBatches()
+        self._offloads = InOrder()
         self._pending: dict[str, list[PageMove]] = {}
         self._closed = False
         logger.info(
@@ -173,7 +182,8 @@ class RadixlinkLinker(UnifiedCacheLinker):
                 return []
             rules.append(PoolRule(pool, policy, window))
             keys += self._keys.keys(hashes, pool)  # NOTE: presence at every tail page
-        return restorable(rules, pageio.present(self._store, keys, self._bad), len(hashes))
+        return restorable(rules, pageio.present(self._store, keys, self._engine.bad),
+                          len(hashes))
 
     @never_raises(false)
     def load(self, rid: str, transfers: list[PoolTransfer]) -> bool:
@@ -211,11 +221,15 @@ class RadixlinkLinker(UnifiedCacheLinker):
         index = self.layer_done_counter.update_producer()
         self._batches.started(index, list(pending))
         try:
-            ready = None
+            ready: list[Any] = []
             if self._device.type == "cuda":
-                ready = torch.cuda.Event()
-                ready.record()  # the slots' previous users are done on the scheduler's stream
-            self._loader.submit(index, moves, ready)
+                ready.append(torch.cuda.Event())
+                ready[0].record()  # the slots' previous users are done on the scheduler's stream
+            self._engine.submit(load_job(
+                self._engine.arena, index, moves, self.layer_done_counter,
+                self._device_pools.num_layers, self._sync, ready,
+                lambda done: self._load_ended(index, moves, done),
+            ))
         except Exception as exc:  # noqa: BLE001 - reported as this batch's failure
             logger.warning("radixlink load batch %d could not start: %s", index, exc)
             self.layer_done_counter.fail(index, exc)
@@ -259,36 +273,52 @@ class RadixlinkLinker(UnifiedCacheLinker):
             if self._keys.writes(pool):
                 moves.append(self._move(pool, transfer))
         ready = self.record_offload_ready() if self._device.type == "cuda" else []
-        self._offloader.submit(moves, ready)
+        job = offload_job(self._engine.arena, moves, ready)
+        place = self._offloads.open()  # NOTE: before submit: a job may end inside it
+        job.done = lambda done: self._offloads.end(place, done.ok)
+        try:
+            self._engine.submit(job)
+        except Exception:
+            self._offloads.withdraw(place)  # the guard answers False: nothing was queued
+            self._engine.release(job)
+            raise
         return True
 
     @never_raises(zero)
     def num_completed_offloads(self) -> int:
-        return self._offloader.num_completed()
+        """Offloads ended, counted in submission order (SGLang pops them in that order)."""
+        return self._offloads.num_completed()
 
     @never_raises(false)
     def pop_completed_offload(self) -> bool:
-        return self._offloader.pop()
+        return self._offloads.pop()
+
+    def stats(self) -> dict[str, int]:
+        """The transfer engine's counters (jobs, pages fetched / bad / saved, staging)."""
+        return self._engine.stats()
 
     @never_raises(nothing)
     def reset(self) -> None:
         """Drop queued loads, wait for running transfers, forget completions."""
         self._pending.clear()
-        self._loader.join()
-        self._offloader.join()
-        self._offloader.clear()
+        self._engine.wait_idle()
+        self._offloads.clear()
         self._batches.clear()
         self.layer_done_counter.reset()
 
     @never_raises(nothing)
     def close(self) -> None:
-        """Quiesce, stop the threads and close the store. Idempotent."""
+        """Drop queued loads, close the engine (queued transfers go on for its
+        ``CLOSE_BUDGET_S``, then are cancelled: a load fails its batch; running loads are
+        waited for), close the store. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        self.reset()
-        self._loader.stop()
-        self._offloader.stop()
+        self._pending.clear()
+        self._engine.close()
+        self._offloads.clear()
+        self._batches.clear()
+        self.layer_done_counter.reset()
         self._store.close()
 
     def _known_pool(self, transfer: PoolTransfer) -> PoolName | None:
@@ -302,6 +332,11 @@ class RadixlinkLinker(UnifiedCacheLinker):
             keys=self._keys.keys(list(transfer.keys or ()), pool),
             slots=transfer.device_indices,
         )
+
+    def _load_ended(self, index: int, moves: list[PageMove], done: Completion) -> None:
+        """On the I/O thread, once batch ``index`` landed or failed (its counter told)."""
+        log_load(index, moves, done)
+        self._batches.ended(index)
 
     def _sync(self) -> None:
         if self._device.type == "cuda":

@@ -1,17 +1,19 @@
-"""The linker's two background threads: layer-wise loads and in-order offloads.
+"""What SGLang's linker contract needs on top of the page layer's ``TransferEngine``: the
+load batches' bookkeeping (``LoadBatches``), a load's landing layer by layer into SGLang's
+device pools (``LayerLanding``), the in-order offload verdicts (``InOrder``), and the jobs
+(``load_job``, ``offload_job``).
 
-Owns the threads, their queues and the completion records. A failure is a status (a failed
-layer counter, a False offload), never an exception across threads. Must not import SGLang
-or touch its tree: loads write only the slots the tree reserved for them.
+Owns the completion records and how a verified batch lands. Threads, staging, the corrupt-page
+policy and the stats are the engine's (``pages.engine``). A failure is a status (a failed
+layer counter, a False offload), never an exception across threads. Must not import SGLang or
+touch its tree: loads write only the slots the tree reserved for them.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import queue
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,8 +22,8 @@ import torch
 
 from radixlink.integrations.sglang.device_pools import PoolView
 from radixlink.pages import pageio
+from radixlink.pages.engine import Completion, Job, TransferKind, TransferStatus
 from radixlink.pages.staging import StagingArena
-from radixlink.stores.base import Store
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ class LoadBatches:
     def __init__(self) -> None:
         self._rids: dict[int, list[str]] = {}
         self._ended: collections.deque[int] = collections.deque()
-        self._lock = threading.Lock()  # NOTE: ``ended`` runs on the loader thread
+        self._lock = threading.Lock()  # NOTE: ``ended`` runs on an I/O thread
 
     def started(self, index: int, rids: list[str]) -> None:
         with self._lock:
@@ -81,123 +83,142 @@ class LoadBatches:
             self._ended.clear()
 
 
-class _Worker:
-    """A daemon thread draining a FIFO queue; ``join`` waits for every queued job."""
+class Place:
+    """One offload's place in line: its verdict once it ended (None before)."""
 
-    def __init__(self, name: str, run: Callable[[Any], None]) -> None:
-        self._queue: queue.Queue[Any] = queue.Queue()
-        self._run = run
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+    __slots__ = ("ok",)
 
-    def put(self, job: Any) -> None:
-        self._queue.put(job)
-
-    def join(self) -> None:
-        self._queue.join()
-
-    def stop(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
-
-    def _loop(self) -> None:
-        while True:
-            job = self._queue.get()
-            try:
-                if job is None:
-                    return
-                self._run(job)
-            finally:
-                self._queue.task_done()
+    def __init__(self) -> None:
+        self.ok: bool | None = None
 
 
-class LayerLoader:
-    """Runs load batches: one batched ``get_into`` staging, verify every page, then write layer
-    by layer from the staging (no join, no copy before the scatter).
+class InOrder:
+    """Verdicts handed out in submission order, whatever order their jobs end in: SGLang pairs
+    the i-th ``pop_completed_offload`` with its i-th offload. Thread-safe."""
 
-    Every page is verified before the first layer lands, so a bad page fails the batch with
-    nothing written. Under the one corrupt-page policy (``pages.pageio``) every bad page of
-    the batch is counted and the present ones are deleted from the store and recorded in
-    ``bad`` (lookups read them absent until they are written again). Layer ``l`` is reported
-    to ``counter`` (SGLang's ``LayerWiseLoadCounter``) as soon as it is in place, so the
-    forward starts on layer 0 while later layers arrive.
+    def __init__(self) -> None:
+        self._line: collections.deque[Place] = collections.deque()
+        self._lock = threading.Lock()
+
+    def open(self) -> Place:
+        """Take the next place in line; ``end`` it once with its verdict."""
+        place = Place()
+        with self._lock:
+            self._line.append(place)
+        return place
+
+    def end(self, place: Place, ok: bool) -> None:
+        with self._lock:
+            place.ok = ok
+
+    def withdraw(self, place: Place) -> None:
+        """Leave the line (its job never started: SGLang was told it was not queued)."""
+        with self._lock:
+            self._line = collections.deque(p for p in self._line if p is not place)
+
+    def num_completed(self) -> int:
+        """Verdicts ready from the oldest on (a later one that ended first waits)."""
+        with self._lock:
+            count = 0
+            for place in self._line:
+                if place.ok is None:
+                    break
+                count += 1
+            return count
+
+    def pop(self) -> bool:
+        """The oldest verdict.
+
+        Raises:
+            IndexError: the oldest has not ended (or none is in line).
+        """
+        with self._lock:
+            if not self._line or self._line[0].ok is None:
+                raise IndexError("no completed offload to pop")
+            return bool(self._line.popleft().ok)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._line.clear()
+
+
+class LayerLanding:
+    """Where a verified load batch goes (a ``pages.engine.Landing``): SGLang's device pools,
+    layer by layer from the staging rows (no join, no copy before the scatter). Layer ``l`` is
+    reported to ``counter`` (SGLang's ``LayerWiseLoadCounter``) as soon as it is in place, so
+    the forward starts on layer 0 while later layers arrive.
+
+    Never lands early: every page is verified before the first layer lands, so a bad page fails
+    the batch with nothing written (``fail``: every layer of the batch fails).
 
     Args:
-        store: the page store.
+        index: the batch's counter index.
+        moves: the batch's pages per request and pool, in the job's part order.
+        frames: their staging frames, same order.
         counter: ``complete(index, layer)`` / ``fail(index, error)``.
         num_layers: transfer layers of the batch, each completed exactly once.
         sync: waits until this thread's device writes are visible to the forward.
-        bad: the keys found bad here.
-        arena: the staging buffers loads read into.
-        on_done: called with the batch's index once it has landed or failed.
     """
 
-    def __init__(
-        self,
-        store: Store,
-        counter: Any,
-        num_layers: int,
-        sync: Callable[[], None],
-        bad: pageio.BadKeys,
-        arena: StagingArena,
-        on_done: Callable[[int], None] = lambda index: None,
-    ):
-        self._store = store
-        self._on_done = on_done
-        self._bad = bad
-        self._arena = arena
+    def __init__(self, index: int, moves: Sequence[PageMove], frames: Sequence[Any],
+                 counter: Any, num_layers: int, sync: Callable[[], None]) -> None:
+        self.index = index
+        self.moves = list(moves)
+        self._pages = [f.payloads() for f in frames]
         self._counter = counter
         self._num_layers = num_layers
         self._sync = sync
-        self._worker = _Worker("radixlink-sglang-load", self._run)
 
-    def submit(self, index: int, moves: Sequence[PageMove], ready: Any = None) -> None:
-        """Queue batch ``index``; ``ready`` (a device event or None) gates its first write."""
-        self._worker.put((index, list(moves), ready))
+    def early(self) -> bool:
+        return False
 
-    def join(self) -> None:
-        self._worker.join()
+    def land(self, cancelled: Callable[[], bool]) -> bool:
+        for layer in range(self._num_layers):
+            if layer and cancelled():
+                return False
+            for move, data in zip(self.moves, self._pages):
+                move.view.write_layer(layer, move.slots, data)
+            self._sync()
+            self._counter.complete(self.index, layer)
+        return True
 
-    def stop(self) -> None:
-        self._worker.stop()
-
-    def _run(self, job: tuple[int, list[PageMove], Any]) -> None:
-        index, moves, ready = job
-        staging = None
-        try:
-            start = time.perf_counter()
-            staging, parts = pageio.stage_pages(self._arena, [(m.codec, m.keys) for m in moves])
-            read = pageio.read(self._store, parts, bad=self._bad)
-            if not read.ok:
-                raise PageLoadError(_describe(moves, read))
-            pages = [part.frames.payloads() for part in parts]
-            read_s = time.perf_counter() - start
-            if ready is not None:
-                ready.synchronize()
-            for layer in range(self._num_layers):
-                for move, data in zip(moves, pages):
-                    move.view.write_layer(layer, move.slots, data)
-                self._sync()
-                self._counter.complete(index, layer)
-            logger.info(
-                "radixlink load batch %d: %d pages, %d bytes; read and verified in %.4f s, "
-                "landed in %.4f s", index, sum(len(m.keys) for m in moves),
-                sum(int(p.numel()) for p in pages), read_s, time.perf_counter() - start - read_s,
-            )
-        except Exception as exc:  # noqa: BLE001 - reported through the counter, never raised
-            logger.warning("radixlink load batch %d failed: %s", index, exc)
-            self._counter.fail(index, exc)
-        finally:
-            if staging is not None:
-                self._arena.release(*staging)
-            self._on_done(index)
+    def fail(self, done: Completion) -> None:
+        """Fail every layer not yet landed; the verdict (``finish``) reports it."""
+        self._counter.fail(self.index, PageLoadError(describe(self.moves, done)))
 
 
-def _describe(moves: Sequence[PageMove], read: pageio.ReadResult) -> str:
-    """The bad pages of a read, per pool, in words."""
+def load_job(arena: StagingArena, index: int, moves: Sequence[PageMove], counter: Any,
+             num_layers: int, sync: Callable[[], None], ready: Sequence[Any],
+             done: Callable[[Completion], None]) -> Job:
+    """The engine job of load batch ``index``: every pool's pages staged as one read, landed
+    by a ``LayerLanding`` once all of them verified; ``ready`` gates its first write."""
+    staging, parts = pageio.stage_pages(arena, [(m.codec, m.keys) for m in moves])
+    landing = LayerLanding(index, moves, [p.frames for p in parts], counter, num_layers, sync)
+    return Job(kind=TransferKind.LOAD, parts=parts, staging=staging, ready=list(ready),
+               land=landing, done=done)
+
+
+def offload_job(arena: StagingArena, moves: Sequence[PageMove], ready: Sequence[Any]) -> Job:
+    """The engine job of one offload (all its pools as one put): the pages are gathered from
+    the device pools on the I/O thread, after ``ready``. An empty ``moves`` (nothing for this
+    rank to write) completes as a success."""
+    staging, parts = pageio.stage_pages(arena, [(m.codec, m.keys) for m in moves])
+
+    def fill() -> None:
+        for move, part in zip(moves, parts):
+            part.frames.payloads().copy_(move.view.read_pages(move.slots))
+
+    return Job(kind=TransferKind.OFFLOAD, parts=parts, staging=staging, ready=list(ready),
+               fill=fill if moves else None)
+
+
+def describe(moves: Sequence[PageMove], done: Completion) -> str:
+    """Why a load did not land, in words: its bad pages per pool, else the engine's detail."""
+    if done.read is None or done.read.ok:
+        return done.detail or done.status.value
     out, pos = [], 0
     for move in moves:
-        reasons = read.reasons[pos : pos + len(move.keys)]
+        reasons = done.read.reasons[pos : pos + len(move.keys)]
         pos += len(move.keys)
         bad = sum(why is not None for why in reasons)
         if bad:
@@ -206,61 +227,11 @@ def _describe(moves: Sequence[PageMove], read: pageio.ReadResult) -> str:
     return "; ".join(out)
 
 
-class Offloader:
-    """Runs offloads in submission order and keeps one success flag per offload, oldest first.
-
-    Args:
-        store: the page store.
-        bad: the keys found bad here (a stored page is no longer bad).
-        arena: the staging buffers offloads are encoded in.
-    """
-
-    def __init__(self, store: Store, bad: pageio.BadKeys, arena: StagingArena) -> None:
-        self._store = store
-        self._bad = bad
-        self._arena = arena
-        self._done: collections.deque[bool] = collections.deque()
-        self._worker = _Worker("radixlink-sglang-offload", self._run)
-
-    def submit(self, moves: Sequence[PageMove], ready: Sequence[Any] = ()) -> None:
-        """Queue one offload (all its pools as one put); ``ready`` events gate its reads. An
-        empty ``moves`` (nothing for this rank to write) completes as a success, in order."""
-        self._worker.put((list(moves), list(ready)))
-
-    def num_completed(self) -> int:
-        return len(self._done)
-
-    def pop(self) -> bool:
-        """The oldest completed offload's result.
-
-        Raises:
-            IndexError: none has completed.
-        """
-        return self._done.popleft()
-
-    def join(self) -> None:
-        self._worker.join()
-
-    def clear(self) -> None:
-        self._done.clear()
-
-    def stop(self) -> None:
-        self._worker.stop()
-
-    def _run(self, job: tuple[list[PageMove], list[Any]]) -> None:
-        moves, ready = job
-        staging = None
-        try:
-            for event in ready:
-                event.synchronize()
-            staging, parts = pageio.stage_pages(self._arena, [(m.codec, m.keys) for m in moves])
-            for move, part in zip(moves, parts):
-                part.frames.payloads().copy_(move.view.read_pages(move.slots))
-            ok = pageio.write(self._store, parts, bad=self._bad).ok
-        except Exception as exc:  # noqa: BLE001 - a failed offload is a False, never a raise
-            logger.warning("radixlink offload failed: %s", exc)
-            ok = False
-        finally:
-            if staging is not None:
-                self._arena.release(*staging)
-        self._done.append(ok)
+def log_load(index: int, moves: Sequence[PageMove], done: Completion) -> None:
+    """One line per ended load batch: what landed and how long it took, or why it failed."""
+    if done.status is TransferStatus.OK:
+        logger.info("radixlink load batch %d: %d pages, %d bytes; read, verified and landed in "
+                    "%.4f s", index, sum(len(m.keys) for m in moves), done.num_bytes,
+                    done.seconds)
+    else:
+        logger.warning("radixlink load batch %d failed: %s", index, describe(moves, done))

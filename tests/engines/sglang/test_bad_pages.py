@@ -1,7 +1,8 @@
 """The one corrupt-page policy (``pages.pageio``) in both SGLang integrations: a batch with TWO
 bad pages at different positions counts both, deletes both from the store (the linker used to
 quarantine them locally, the HiCache backend left them in place), and the next save writes
-both again."""
+both again. Both run their transfers on the page layer's ``TransferEngine``: its one stats
+record counts the bad pages and the rewrites."""
 
 from __future__ import annotations
 
@@ -50,12 +51,17 @@ def test_linker_two_bad_pages_are_deleted_and_written_again(file_url, nodes) -> 
         _damage(store, flip, cut)
     first = b.restore(PROMPT, "r1")
     assert (first.loaded_len, first.failed) == (40, True)
+    stats = b.linker.stats()
+    assert (stats["load_jobs"], stats["failed_jobs"], stats["fetched_pages"],
+            stats["bad_pages"], stats["missing_pages"]) == (1, 1, 10, 2, 0)
     b.release(first)
     with open_store(file_url) as store:
         assert store.exists([flip, cut]) == [False, False]
         assert len(list(store.scan())) == 8
     second = b.restore(PROMPT, "r2")
     assert (second.loaded_len, second.failed) == (12, False)
+    stats = b.linker.stats()
+    assert (stats["load_jobs"], stats["failed_jobs"], stats["bad_pages"]) == (2, 1, 2)
     c = nodes(FULL, file_url, 3)
     c_slots = c.serve(PROMPT)
     with open_store(file_url) as store:
@@ -78,9 +84,14 @@ def test_hicache_two_bad_pages_are_deleted_and_written_again(file_url: str) -> N
     dst = pool.alloc(len(prompt))
     assert node.batch_get_v1(keys, dst) == [True, False, True, True, False, True]
     assert store.exists([flip, cut]) == [False, False]
+    stats = node.stats()
+    assert (stats["load_jobs"], stats["fetched_pages"], stats["bad_pages"],
+            stats["saved_pages"]) == (1, 6, 2, 6)
     assert node.batch_exists(keys) == 1
     assert all(node.batch_set_v1(keys, src))
     assert node.batch_exists(keys) == 6
+    stats = node.stats()
+    assert (stats["offload_jobs"], stats["saved_pages"], stats["healed_pages"]) == (2, 12, 2)
     again = pool.alloc(len(prompt))
     assert node.batch_get_v1(keys, again) == [True] * 6
     assert all(torch.equal(x, y) for x, y in zip(tokens_of(pool, again), tokens_of(pool, src)))

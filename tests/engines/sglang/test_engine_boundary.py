@@ -160,3 +160,22 @@ def test_load_batches_complete_in_order_with_their_request_ids(file_url: str, no
     second = b.restore(PROMPT[: 5 * PAGE] + list(range(9000, 9020)), "r-finished")
     assert second.failed is False
     assert b.linker.num_completed_loads() == 0  # finished by the scheduler's call: consumed
+
+
+def test_offload_verdicts_pop_in_submission_order_whatever_order_they_end() -> None:
+    """SGLang pairs the i-th pop_completed_offload with its i-th offload, and the engine's two
+    I/O threads may end offloads out of order: a later verdict waits for the earlier ones, and
+    an offload that never started (withdrawn) takes no place."""
+    from radixlink.integrations.sglang.workers import InOrder
+
+    line = InOrder()
+    first, second, third = line.open(), line.open(), line.open()
+    line.end(second, False)
+    assert line.num_completed() == 0
+    with pytest.raises(IndexError):
+        line.pop()
+    line.withdraw(third)
+    line.end(first, True)
+    assert line.num_completed() == 2
+    assert (line.pop(), line.pop()) == (True, False)
+    assert line.num_completed() == 0
