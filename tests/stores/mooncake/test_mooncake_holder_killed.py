@@ -103,9 +103,10 @@ def _leaves_nothing(store: Any, cluster: MooncakeCluster,
     _eventually(lambda: store.get([key(0)]) == [None])  # the dead holder's keys are gone
     cluster.start_holder()
     page = c.encode(payload(99, PAGE), key(99))
-    _eventually(lambda: store.put({key(99): page}) == [True])
-
-    assert store.get([key(99)]) == [page]
+    # NOTE: until the master drops the dead holder (its client TTL), a put may answer True for
+    # a page placed on it, and the get then misses it (seen under load: a miss, never wrong
+    # data); the store is back when a page it took also reads back whole
+    _eventually(lambda: store.put({key(99): page}) == [True] and store.get([key(99)]) == [page])
     store.close()
     threads, tasks = baseline
     _eventually(lambda: not _new_threads(threads) and _tasks() <= tasks + WHEEL_THREADS,
