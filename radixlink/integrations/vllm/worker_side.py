@@ -279,10 +279,16 @@ class WorkerSide:
 
     def _loaded(self, plan: LoadPlan, job: Job, done: Completion) -> None:
         """A LOAD job completed (I/O thread): split its verdict per request, report it, and
-        queue it for the scatter (its staging stays held until then)."""
-        batch = plan.split(job, done)
-        if done.read is not None and self.reports is not None:
-            self.reports.after_read(plan.jobs, batch)
+        queue it for the scatter (its staging stays held until then). Total: a failure here
+        fails every load of the step (vLLM recomputes them) rather than leave them unfinished."""
+        try:
+            batch = plan.split(job, done)
+            if done.read is not None and self.reports is not None:
+                self.reports.after_read(plan.jobs, batch)
+        except Exception as exc:  # noqa: BLE001 - on the I/O thread: the loads must still end
+            logger.exception("radixlink: splitting a load's verdict failed; its loads fail")
+            self._engine.release(job)
+            batch = plan.failed(f"{type(exc).__name__}: {exc}")
         self._done.put(batch)
 
     def _submit_save(self, job: PageJob, groups: list[GroupPages], sizes: list[int]) -> None:

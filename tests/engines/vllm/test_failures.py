@@ -100,3 +100,27 @@ def test_dead_redis_is_a_miss_not_an_error(nodes, model_dir, redis_server):
         redis_server.start()
     assert node1.scheduler.get_kv_connector().scheduler_side.num_store_errors == 0
     assert node2.connector.scheduler_side.num_store_errors >= 1
+
+
+def test_a_bug_splitting_a_loads_verdict_fails_the_loads_not_the_step(nodes, model_dir,
+                                                                      file_url, monkeypatch):
+    """The per-request split of a LOAD job's verdict runs on an I/O thread; if it raises (a
+    bug), the step's loads fail and vLLM recomputes them: the request is not left waiting
+    for a load that never ends."""
+    from radixlink.integrations.vllm.loads import LoadPlan
+
+    prompt = _prompt(33, 100)
+    _store_one(nodes, model_dir, file_url, prompt)
+    node2 = nodes(model_dir, file_url)
+
+    def broken(self, job, done):
+        raise RuntimeError("split bug")
+
+    monkeypatch.setattr(LoadPlan, "split", broken)
+    node2.add("b", prompt)
+    node2.step()
+    node2.wait_io()
+    assert _first_run(node2, "b") == (0, 100)  # the load failed: all 100 tokens computed
+    node2.run()
+    assert node2.workers[0].worker.stats["failed_loads"] == 1
+    node2.assert_no_leak()
