@@ -140,7 +140,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "store_hit_vs_recompute_ttft": round(statistics.median(ttft["recompute"])
                                              / statistics.median(ttft["store hit"]), 2),
         "loaded_MB": round(loaded_bytes / 1e6, 1),
-        "load_GBps_over_added_ttft": round(loaded_bytes / max(load_added, 1e-9) / 1e9, 3),
+        # NOTE: None when the store hits took no longer than the device hits (noise on a
+        # loaded machine): no time to divide the bytes by
+        "load_GBps_over_added_ttft": (round(loaded_bytes / load_added / 1e9, 3)
+                                      if load_added > 0.001 else None),
         "versus_example": versus,
     }
 
@@ -197,8 +200,10 @@ def main(argv: list[str]) -> int:
     print(f"connector cold run (empty store) / no connector: wall "
           f"{result['cold_wall_ratio']:.3f}x, TTFT p50 {result['cold_ttft_p50_ratio']:.3f}x")
     print(f"store hit TTFT {result['store_hit_vs_recompute_ttft']:.1f}x lower than recompute;"
-          f" loaded {result['loaded_MB']} MB at {result['load_GBps_over_added_ttft']} GB/s "
-          "over the TTFT the load adds to a device hit")
+          f" loaded {result['loaded_MB']} MB; " + (
+              f"{result['load_GBps_over_added_ttft']} GB/s over the TTFT the load adds to a "
+              "device hit" if result["load_GBps_over_added_ttft"] is not None else
+              "the store hits took no longer than the device hits (no load rate to give)"))
     versus = result["versus_example"]
     if versus is not None:
         print()
