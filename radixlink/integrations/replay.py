@@ -129,6 +129,16 @@ def _shares(turns: list[Turn]) -> str:
     return ", ".join(f"{src} {n} ({100 * n / total:.0f}%)" for src, n in counts.items())
 
 
+def print_replies(on: dict[tuple[int, int], Turn], tok: HFTokenizer, num_turns: int) -> None:
+    """Conversation 0's replies, first ids and text: a reader sees real text, not one
+    repeated token."""
+    for turn in range(num_turns):
+        ids = on[0, turn].output_ids
+        print(f"reply (conversation 0, turn {turn + 1}): first ids {ids[:4]}, "
+              f"{tok.decode(ids)[:100]!r}")
+    print()
+
+
 def report(on: dict[tuple[int, int], Turn], off: dict[tuple[int, int], Turn],
            num_nodes: int) -> int:
     """Per-node tables, the follow-up TTFT ratio and the identity line; 1 if outputs differ."""

@@ -23,6 +23,7 @@ from radixlink.integrations.replay import (
     HFTokenizer,
     Turn,
     demo_setup,
+    print_replies,
     replay,
     report,
     workload_line,
@@ -76,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         tok = HFTokenizer(model_dir)
         on = replay(nodes[:-1], tok, spec, args.max_new_tokens, args.nodes, _serve)
         off = replay(nodes[-1:], tok, spec, args.max_new_tokens, args.nodes, _serve)
-        print(f"demo wall time {time.perf_counter() - start:.1f} s\n")
+        print(f"demo wall time {time.perf_counter() - start:.1f} s")
+        print_replies(on, tok, args.turns)
         retried = sum(t.tokens["retries"] > 0 for t in on.values())
         if retried:
             print(f"requests SGLang aborted (a load batch failed verification) and that "

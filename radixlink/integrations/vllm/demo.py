@@ -23,6 +23,7 @@ from radixlink.integrations.replay import (
     HFTokenizer,
     Turn,
     demo_setup,
+    print_replies,
     replay,
     report,
     workload_line,
@@ -100,11 +101,7 @@ def run(args: argparse.Namespace) -> int:
         on = replay(nodes[:-1], tok, spec, args.max_new_tokens, args.nodes, serve)
         off = replay(nodes[-1:], tok, spec, args.max_new_tokens, args.nodes, serve)
         print(f"demo wall time {time.perf_counter() - start:.1f} s")
-        for turn in range(args.turns):  # NOTE: real text, not one repeated token
-            ids = on[0, turn].output_ids
-            print(f"reply (conversation 0, turn {turn + 1}): first ids {ids[:4]}, "
-                  f"{tok.decode(ids)[:100]!r}")
-        print()
+        print_replies(on, tok, args.turns)
         return report(on, off, args.nodes)
     finally:
         for node in nodes:
