@@ -23,7 +23,7 @@ import torch
 
 from radixlink.checks import check_req_id, check_seconds
 from radixlink.components.base import ComponentLoad
-from radixlink.contract import ComponentType, InsertParams, MatchResult, PoolTransfer
+from radixlink.contract import InsertParams, MatchResult, PoolTransfer
 from radixlink.cost import Source
 from radixlink.linker.jobs import load_job
 from radixlink.linker.loads import LoadTable, Member, Transfer
@@ -454,7 +454,8 @@ def publish(cache: Any, reservation: Reservation) -> tuple[MatchResult, int]:
     if match.prefix_len < len(lookup.tokens):
         reservation.loads = []  # NOTE: the insert took every slot
         raise _short_restore(match.prefix_len, len(lookup.tokens), prefix)
-    return match, result.adopted_tokens(ComponentType.FULL)
+    # NOTE: the backbone (the first component) adopts a loaded page whenever any component does
+    return match, result.adopted_tokens(cache.components[0].component_type)
 
 
 def _short_restore(served: int, total: int, prefix: int) -> ShortRestore:

@@ -152,3 +152,23 @@ def test_engine_adapters_stand_on_the_page_layer() -> None:
                      if module.startswith(ENGINE_ADAPTERS)
                      for target, _ in imports if _part(target) in TREE_SIDE)
     assert not reached, "engine adapters reaching the tree side: " + ", ".join(reached)
+
+
+# What only components and pools may name (issue #46: "the linker names no component type").
+COMPONENT_NAMES = frozenset({"ComponentType", "KVPool", "MambaStatePool", "StateSlots",
+                             "FullComponent", "SWAComponent", "MambaComponent", "SideComponent"})
+
+
+def test_the_linker_names_no_component_type() -> None:
+    """No module of ``linker/`` names a component type, a concrete component or pool class, or
+    one pool by name (``PoolName.MAMBA``): a pool's part in a load comes from its component."""
+    named = []
+    for path in sorted((PACKAGE / "linker").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = node.id if isinstance(node, ast.Name) else \
+                node.attr if isinstance(node, ast.Attribute) else None
+            if name in COMPONENT_NAMES or (
+                    isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id == "PoolName"):
+                named.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {ast.unparse(node)}")
+    assert not named, "the linker names components: " + ", ".join(named)
