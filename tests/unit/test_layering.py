@@ -167,6 +167,8 @@ def test_the_linker_names_no_component_type() -> None:
         for node in ast.walk(ast.parse(path.read_text())):
             name = node.id if isinstance(node, ast.Name) else \
                 node.attr if isinstance(node, ast.Attribute) else None
+            if isinstance(node, ast.ImportFrom):
+                name = next((a.name for a in node.names if a.name in COMPONENT_NAMES), None)
             if name in COMPONENT_NAMES or (
                     isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                     and node.value.id == "PoolName"):
