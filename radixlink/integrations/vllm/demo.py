@@ -10,10 +10,8 @@ workload is the reference demo's; the replay, tables and report are ``integratio
 from __future__ import annotations
 
 import argparse
-import functools
 import shutil
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -52,20 +50,14 @@ def _sources(before: dict[str, float], after: dict[str, float]) -> dict[str, int
     return out
 
 
-def _serve(lock: threading.Lock, node: Any, prompts: list[list[int]],
-           max_new: int) -> list[Turn]:  # fmt: skip
-    """One request at a time, over all nodes (``lock``): a request's counters are then its
-    own, and its TTFT compares with the cache-off engine's, which serves alone.
-
-    NOTE: vLLM CPU binds every engine's compute threads to the same cores, so two nodes
-    serving at once each took about twice as long (the follow-up TTFT ratio read 1.2x).
-    """
+def _serve(node: Any, prompts: list[list[int]], max_new: int) -> list[Turn]:
+    """Each prompt with the token sources vLLM's own counters give it (``replay`` sends one
+    request at a time over all nodes, so the counters' change is the request's own)."""
     turns = []
     for prompt in prompts:
-        with lock:
-            before = node.metrics()
-            result = node.generate([prompt], max_new)["results"][0]
-            after = node.metrics()
+        before = node.metrics()
+        result = node.generate([prompt], max_new)["results"][0]
+        after = node.metrics()
         turns.append(Turn(node=-1, prompt_ids=prompt, output_ids=result["output_ids"],
                           ttft_s=result["ttft_s"], tokens=_sources(before, after)))
     return turns
@@ -97,9 +89,8 @@ def run(args: argparse.Namespace) -> int:
                 nodes.append(future.result())
         print("engine start per node: " + ", ".join(f"{n.load_s:.1f} s" for n in nodes))
         tok = HFTokenizer(model_dir)
-        serve = functools.partial(_serve, threading.Lock())
-        on = replay(nodes[:-1], tok, spec, args.max_new_tokens, args.nodes, serve)
-        off = replay(nodes[-1:], tok, spec, args.max_new_tokens, args.nodes, serve)
+        on = replay(nodes[:-1], tok, spec, args.max_new_tokens, args.nodes, _serve)
+        off = replay(nodes[-1:], tok, spec, args.max_new_tokens, args.nodes, _serve)
         print(f"demo wall time {time.perf_counter() - start:.1f} s")
         print_replies(on, tok, args.turns)
         return report(on, off, args.nodes)
