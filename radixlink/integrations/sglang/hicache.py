@@ -18,6 +18,7 @@ Launch (docs/integrations.md)::
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import torch
@@ -292,15 +293,17 @@ class RadixlinkHiCacheStorage(HiCacheStorage):
                 return [False] * len(keys)
             ok = [why is None for why in done.read.reasons]
             good = [i for i, flag in enumerate(ok) if flag]
+            landed = time.perf_counter()
             if good:
                 data = parts[0].frames.payloads()[good]
                 slots = host_indices.reshape(len(keys), pages.page_size)[good].reshape(-1)
                 pages.write(slots, data)
+            land_s = time.perf_counter() - landed
         finally:
             self._engine.release(job)
         logger.info("radixlink hicache get: %d of %d %s pages, %d bytes; read and verified in "
-                    "%.4f s", len(good), len(keys), pool.value, len(good) * pages.page_bytes,
-                    done.seconds)
+                    "%.4f s, landed in %.4f s", len(good), len(keys), pool.value,
+                    len(good) * pages.page_bytes, done.seconds, land_s)
         return ok
 
     def _set(self, pool: PoolName, keys: list[str], host_indices: Any) -> list[bool]:

@@ -225,11 +225,10 @@ class RadixlinkLinker(UnifiedCacheLinker):
             if self._device.type == "cuda":
                 ready.append(torch.cuda.Event())
                 ready[0].record()  # the slots' previous users are done on the scheduler's stream
-            self._engine.submit(load_job(
-                self._engine.arena, index, moves, self.layer_done_counter,
-                self._device_pools.num_layers, self._sync, ready,
-                lambda done: self._load_ended(index, moves, done),
-            ))
+            job = load_job(self._engine.arena, index, moves, self.layer_done_counter,
+                           self._device_pools.num_layers, self._sync, ready,
+                           lambda done: self._load_ended(index, moves, done, job.land))
+            self._engine.submit(job)
         except Exception as exc:  # noqa: BLE001 - reported as this batch's failure
             logger.warning("radixlink load batch %d could not start: %s", index, exc)
             self.layer_done_counter.fail(index, exc)
@@ -333,9 +332,10 @@ class RadixlinkLinker(UnifiedCacheLinker):
             slots=transfer.device_indices,
         )
 
-    def _load_ended(self, index: int, moves: list[PageMove], done: Completion) -> None:
+    def _load_ended(self, index: int, moves: list[PageMove], done: Completion,
+                    landing: Any) -> None:  # fmt: skip
         """On the I/O thread, once batch ``index`` landed or failed (its counter told)."""
-        log_load(index, moves, done)
+        log_load(index, moves, done, landing.land_s)
         self._batches.ended(index)
 
     def _sync(self) -> None:
