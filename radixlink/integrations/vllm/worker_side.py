@@ -304,9 +304,11 @@ class WorkerSide:
             staging, parts = pageio.stage_pages(arena, [
                 (self._codecs[g.group_id], self._keys(job, g.group_id, g.hashes))
                 for g in groups])  # fmt: skip
-        except BaseException:
-            self._saved(job, groups, sum(sizes), raw, None)
-            raise
+        except Exception as exc:  # noqa: BLE001 - never into vLLM's worker: a dropped save
+            self._saved(job, groups, sum(sizes), raw, None)  # is a later miss
+            logger.warning("radixlink save of %s dropped: %s: %s", job.req_id,
+                           type(exc).__name__, exc)
+            return
         save = Job(kind=TransferKind.OFFLOAD, parts=parts, staging=staging,
                    fill=functools.partial(_fill, parts, pages), skip_present=not job.overwrite,
                    done=functools.partial(self._saved, job, groups, sum(sizes), raw))

@@ -124,3 +124,22 @@ def test_a_bug_splitting_a_loads_verdict_fails_the_loads_not_the_step(nodes, mod
     node2.run()
     assert node2.workers[0].worker.stats["failed_loads"] == 1
     node2.assert_no_leak()
+
+
+def test_a_save_that_cannot_stage_is_dropped_not_raised_into_the_worker(nodes, model_dir,
+                                                                        file_url, monkeypatch):
+    """Staging a save fails (here: ``stage_pages`` raises): the save is dropped with its
+    buffers and budget given back, the request still finishes, nothing raises into vLLM."""
+    from radixlink.integrations.vllm import worker_side
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("staging bug")
+
+    monkeypatch.setattr(worker_side.pageio, "stage_pages", broken)
+    node = nodes(model_dir, file_url)
+    node.add("a", _prompt(34, 100))
+    node.run()
+    node.wait_io()
+    assert node.workers[0].worker._inflight_bytes == 0
+    node.assert_no_leak()
+    assert _page_keys(file_url) == []  # nothing was written
