@@ -31,7 +31,7 @@ from radixlink.contract import (
     PoolName,
 )
 from radixlink.eviction import EvictionPath
-from radixlink.hashing import layer_namespaces
+from radixlink.hashing import layer_namespaces, token_bytes
 from radixlink.hybrid_slots import HybridSlots
 from radixlink.kvevents import KVEventQueue
 from radixlink.memory.allocator import tensor_device
@@ -240,7 +240,15 @@ class UnifiedCache:
                 ``mamba_value`` that is not a held state slot; options this cache has no
                 component for. Nothing changes then.
         """
-        result = self._insert(params, hit=True, resolved=False)
+        key, aligned_len = check_insert(params, self.page_size, self.device,
+                                        self._packer.pack_extension)
+        if self.config.check_inserts:
+            check_insert_slots(params, aligned_len, self._full, self._mamba)
+        namespace = self.config.namespace if params.namespace is None else \
+            self._resolve_namespace(params.namespace)
+        # NOTE: the page hashes a recent lookup of these tokens handed down to the tree
+        known = None if self._linker is None else self._hashes_for(key, namespace)
+        result = self._insert(key, aligned_len, params, namespace, hit=True, page_hashes=known)
         self._counters["insert_calls"] += 1
         if self._linker is not None:
             self._linker.on_insert(params, result)
@@ -248,38 +256,31 @@ class UnifiedCache:
 
     def insert_loaded(self, params: InsertParams, *,
                       page_hashes: tuple[int, list[str]] | None = None) -> InsertResult:
-        """``insert`` for pages a linker loaded: the same rules and checks, but it is not a
-        hit (no hit counts, no write-policy trigger) and the linker is not called back:
-        ``page_hashes`` = ``(first page, hashes)`` are the chain hashes the lookup computed
-        (the rest are computed here). ``match_node(result.last_node)`` then tells what the
-        tree serves of the loaded tokens. ``params.namespace`` is an already
-        resolved (layered) one, as the linker's lookups carry it.
+        """``insert`` of what this cache's linker loaded: the locked device prefix plus the
+        slots its PREPARE reserved (whole pages, ``params.key`` as the lookup packed it,
+        ``params.namespace`` already layered). Not a hit (no hit counts, no write-policy
+        trigger, no linker callback), and the slots are not checked as a caller's are (the
+        linker allocated them); the tree still checks that ``value[:prev_prefix_len]`` is
+        exactly its own slots there. ``page_hashes`` = ``(first page, hashes)``: the lookup's
+        chain hashes. ``match_node(result.last_node)`` then tells what the tree serves.
 
         Raises:
-            ValueError: as ``insert``.
+            ValueError: the prefix is not the tree's (see above); nothing changed.
         """
-        result = self._insert(params, hit=False, resolved=True, page_hashes=page_hashes)
+        key = token_bytes(params.key)
+        result = self._insert(key, params.value.shape[0], params, params.namespace, hit=False,
+                              page_hashes=page_hashes)
         self._counters["loaded_inserts"] += 1
         return result
 
-    def _insert(self, params: InsertParams, *, hit: bool, resolved: bool,
-                page_hashes: tuple[int, list[str]] | None = None) -> InsertResult:
-        key, aligned_len = check_insert(params, self.page_size, self.device,
-                                        self._packer.pack_extension)
-        if self.config.check_inserts:
-            check_insert_slots(params, aligned_len, self._full, self._mamba)
-        tree_params, namespace = params, self.config.namespace
-        if params.namespace is not None:  # the tree keys roots by the layered namespace
-            namespace = params.namespace if resolved else self._resolve_namespace(params.namespace)
-            tree_params = dataclasses.replace(params, namespace=self._tree_namespace(namespace))
-        # NOTE: a publish brings its lookup's hashes; a served insert takes those a recent
-        # lookup of these tokens handed down to the tree (with a linker attached).
-        known = page_hashes if not hit or self._linker is None else \
-            self._hashes_for(key, namespace)
-        # NOTE: the linker's publish (the one non-hit insert) must name exactly the locked
-        # prefix: the tree compares value[:prev_prefix_len] with its slots there, once a load.
-        result, effects = self.tree.insert(key, params.value, tree_params, aligned_len, hit=hit,
-                                           page_hashes=known, strict_prefix=not hit)
+    def _insert(self, key: bytes, aligned_len: int, params: InsertParams, namespace: Any, *,
+                hit: bool, page_hashes: tuple[int, list[str]] | None) -> InsertResult:
+        if params.namespace is not None:  # NOTE: the tree keys roots by the layered namespace
+            params = dataclasses.replace(params, namespace=self._tree_namespace(namespace))
+        # NOTE: a publish (the one non-hit insert) names exactly the locked prefix: the tree
+        # compares value[:prev_prefix_len] with its slots there
+        result, effects = self.tree.insert(key, params.value, params, aligned_len, hit=hit,
+                                           page_hashes=page_hashes, strict_prefix=not hit)
         self._eviction.apply(effects)
         return result
 
