@@ -2,7 +2,9 @@
 radixlink function entered (every thread, so the store worker counts too), and from it
 
 - files / functions entered, and the lines of their bodies (each distinct function once);
-- forwarders: functions entered whose body (its docstring aside) is one call statement;
+- forwarders: functions entered whose body (its docstring aside) is one call statement that
+  passes values through (no call among its arguments) and that entered radixlink code (a
+  method answering from its own dict is an accessor, not a hop);
 - bounces: calls into a file already on that thread's radixlink call stack, from another
   file (the reader jumps back into a file it left), counted once per (caller, callee);
 - tree matches: ``RadixTree.match`` calls (the same tokens matched again), tree walks
@@ -74,6 +76,7 @@ class Run:
     functions: set[Key] = field(default_factory=set)
     calls: Counter[str] = field(default_factory=Counter)  # qualified name -> calls
     bounces: set[tuple[Key, Key]] = field(default_factory=set)  # (caller, callee)
+    callers: set[Key] = field(default_factory=set)  # functions that entered radixlink code
 
 
 class Tracer:
@@ -101,6 +104,7 @@ class Tracer:
         run.functions.add(key)
         run.calls[code.co_qualname] += 1
         if stack:
+            run.callers.add(stack[-1][2])
             top = stack[-1][1]
             if top != code.co_filename and any(f == code.co_filename for _, f, _ in stack):
                 run.bounces.add((stack[-1][2], key))
@@ -146,7 +150,9 @@ def body_lines(key: Key) -> int:
 
 def is_forwarder(key: Key) -> bool:
     """The body (docstring aside) is one call statement, returned or not, of something other
-    than a builtin (``return min(a, b)`` computes; ``return self.table.lock(node)`` forwards)."""
+    than a builtin, with no call among its arguments (``return min(a, b)`` computes,
+    ``return self._accept(self.path_to(node))`` composes two steps; ``return
+    self.table.lock(node)`` forwards)."""
     node = _defs(key[0]).get(key[1])
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return False
@@ -157,8 +163,11 @@ def is_forwarder(key: Key) -> bool:
     if len(body) != 1 or not isinstance(body[0], (ast.Return, ast.Expr)):
         return False
     call = body[0].value
-    return isinstance(call, ast.Call) and not (
-        isinstance(call.func, ast.Name) and call.func.id in dir(builtins))
+    if not isinstance(call, ast.Call) or (
+            isinstance(call.func, ast.Name) and call.func.id in dir(builtins)):
+        return False
+    args = [*call.args, *(k.value for k in call.keywords)]
+    return not any(isinstance(n, ast.Call) for a in args for n in ast.walk(a))
 
 
 def _rel(path: str) -> str:
@@ -172,7 +181,8 @@ def measure(run: Run) -> dict[str, Any]:
         "files": len(files),
         "functions": len(run.functions),
         "lines": sum(map(body_lines, run.functions)),
-        "forwarders": sorted(f"{_rel(k[0])}:{k[2]}" for k in run.functions if is_forwarder(k)),
+        "forwarders": sorted(f"{_rel(k[0])}:{k[2]}" for k in run.functions
+                             if k in run.callers and is_forwarder(k)),
         "bounces": sorted(f"{_rel(a[0])}:{a[2]} -> {_rel(b[0])}:{b[2]}" for a, b in run.bounces),
         **{name: run.calls[qualname] for name, qualname in COUNTED.items()},
         "entered": files,

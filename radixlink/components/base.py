@@ -178,8 +178,8 @@ class TreeComponent:
     def insert_unevict(self, ctx: InsertContext, node: TreeNode, start: int, end: int) -> None:
         """The key covers ``node`` where this component's value is a tombstone."""
 
-    def insert_leaf(self, ctx: InsertContext, node: TreeNode) -> None:
-        """Commit the caller's data for the new leaf ``node``."""
+    def insert_leaf(self, ctx: InsertContext, node: TreeNode, start: int, end: int) -> None:
+        """Commit the caller's data ``[start, end)`` (all of it) for the new leaf ``node``."""
 
     def insert_done(self, ctx: InsertContext, last_node: TreeNode) -> None:
         """After the walk; ``last_node`` ends at ``ctx.aligned_len``."""

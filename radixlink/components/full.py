@@ -224,13 +224,10 @@ class FullComponent(TreeComponent):
 
     def insert_unevict(self, ctx: InsertContext, node: TreeNode, start: int, end: int) -> None:
         assert start >= ctx.prev_prefix_len, f"unevict of {node} below prev_prefix_len"
-        self._adopt(ctx, node, start, end)
+        self.insert_leaf(ctx, node, start, end)
         self.refresh(node)
 
-    def insert_leaf(self, ctx: InsertContext, node: TreeNode) -> None:
-        self._adopt(ctx, node, node.seq_len - (len(node.key) >> 2), node.seq_len)
-
-    def _adopt(self, ctx: InsertContext, node: TreeNode, start: int, end: int) -> None:
+    def insert_leaf(self, ctx: InsertContext, node: TreeNode, start: int, end: int) -> None:
         # NOTE: a copy, because callers often pass views of a reusable request table; on the
         # host through numpy (about 1 us against 5 for a torch slice and clone here)
         value = ctx.value

@@ -194,7 +194,7 @@ class SWAComponent(SideComponent):
             return
         adopted = ctx.backbone_adopted
         if adopted and adopted[-1] == (start, end):  # FULL just unevicted it with the caller's
-            self._keep_caller(ctx, node, start, end)
+            self.insert_leaf(ctx, node, start, end)
             return
         live_start, _ = self._caller_live(ctx)
         heal_start = max(low, live_start)
@@ -230,10 +230,7 @@ class SWAComponent(SideComponent):
         self.cached_tokens += b - a
         self.refresh(node)
 
-    def insert_leaf(self, ctx: InsertContext, node: TreeNode) -> None:
-        self._keep_caller(ctx, node, node.seq_len - (len(node.key) >> 2), node.seq_len)
-
-    def _keep_caller(self, ctx: InsertContext, node: TreeNode, start: int, end: int) -> None:
+    def insert_leaf(self, ctx: InsertContext, node: TreeNode, start: int, end: int) -> None:
         """``node``'s full value is the caller's ``[start, end)`` (new leaf or unevict): keep the
         caller's live SWA suffix on it and drop the caller's SWA pages below."""
         live_start, _ = self._caller_live(ctx)

@@ -68,9 +68,9 @@ class Component(Protocol):
     def insert_unevict(self, ctx: InsertContext, node: TreeNode, start: int, end: int) -> None:
         """As ``insert_overlap``, but this component's value on ``node`` is a tombstone."""
 
-    def insert_leaf(self, ctx: InsertContext, node: TreeNode) -> None:
-        """Commit the caller's data for the new leaf ``node`` (tokens ``[node.start,
-        node.seq_len)``)."""
+    def insert_leaf(self, ctx: InsertContext, node: TreeNode, start: int, end: int) -> None:
+        """Commit the caller's data for the new leaf ``node``: tokens ``[start, end)``, all of
+        the leaf."""
 
     def insert_done(self, ctx: InsertContext, last_node: TreeNode) -> None:
         """The walk is over; ``last_node`` ends exactly at ``ctx.aligned_len``."""

@@ -211,7 +211,7 @@ class RadixTree:
                                   page_hashes)
             leaf.last_access = clock
             for component in components:
-                component.insert_leaf(ctx, leaf)
+                component.insert_leaf(ctx, leaf, matched, aligned_len)
             for component in components:
                 component.refresh(last)
                 component.refresh(leaf)
