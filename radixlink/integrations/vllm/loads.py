@@ -9,6 +9,7 @@ does with a failure.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,12 +69,17 @@ class FetchedBatch:
             header), so a page is never copied before it is scattered.
         bad_keys: keys whose stored value was present but bad (deleted from the store).
         job: the LOAD job (no lander): its staging stays held until ``release``.
+        read_s: how long the job read and verified its pages.
+        done_at: ``time.perf_counter()`` when the job ended (the scatter waits from then on
+            for the model runner's next ``get_finished``).
     """
 
     requests: list[RequestLoad]
     payloads: dict[int, torch.Tensor] = field(default_factory=dict)
     bad_keys: list[str] = field(default_factory=list)
     job: Job | None = None
+    read_s: float = 0.0
+    done_at: float = 0.0
 
     def release(self, engine: TransferEngine) -> None:
         """Give the staging back (after every scatter); the payloads are invalid afterwards."""
@@ -136,6 +142,7 @@ class LoadPlan:
             batch.job = job
             return batch
         batch = FetchedBatch(requests=[], bad_keys=read.bad_keys, job=job,
+                             read_s=done.seconds, done_at=time.perf_counter(),
                              payloads={gid: part.frames.payloads()
                                        for gid, part in zip(self.keys, job.parts)})
         offsets, pos = {}, 0
