@@ -10,7 +10,9 @@ pool by pool, between staging frames (``pages.staging``) and the store, in stage
 
 One thread model: ``num_threads`` I/O threads run jobs from one FIFO queue (``submit``);
 ``run`` runs one on the caller's thread (HiCache's synchronous calls, and a save to an
-in-process store with nothing to wait for). One corrupt-page policy (``pageio``: every bad
+in-process store with nothing to wait for). A load over ``CHUNK_BYTES`` is read chunk by chunk
+and each chunk verified on as many verify threads (started by the first such load) while the
+next one is read: the read's copy and a checksum or MAC pass run side by side. One corrupt-page policy (``pageio``: every bad
 page a counted miss, the present ones deleted and remembered in ``bad``), one stats record
 (``stats``), one close budget (``CLOSE_BUDGET_S``). Every job ends in exactly one
 ``Completion``, handed to the job's ``done`` on the thread that ran it; nothing raises across
@@ -30,6 +32,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -41,6 +44,12 @@ logger = logging.getLogger(__name__)
 
 CLOSE_BUDGET_S = 2.0
 """How long ``close()`` lets queued and running jobs go on before it cancels the queued ones."""
+
+CHUNK_BYTES = 16 << 20
+"""A load over this many bytes of frames is read in chunks of it, each verified while the next
+is read. Measured on 2 cores (32 pages of 5.9 MB from a warm ``file://`` store, medians of 5):
+unsealed 5.08 GB/s in one read, 6.45 with 16 MiB chunks (32 MiB: 6.38, 64 MiB: 6.19); sealed
+(keyed BLAKE3, which releases the GIL) 1.83 -> 3.43 GB/s."""
 
 
 class TransferKind(enum.Enum):
@@ -158,6 +167,8 @@ class TransferEngine:
         self._running: dict[int, TransferKind] = {}  # job id -> kind, while a thread runs it
         self._pending = self._next_id = 0
         self._closed = False
+        self._name = name
+        self._verify: ThreadPoolExecutor | None = None
         self._threads = [threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
                          for i in range(max(1, num_threads))]
         for thread in self._threads:
@@ -235,9 +246,11 @@ class TransferEngine:
             self._cancel_queued()
             with self._idle:
                 self._idle.wait_for(lambda: _LOAD not in self._running.values())
-            return
-        for thread in self._threads:
-            thread.join()
+        else:
+            for thread in self._threads:
+                thread.join()
+        if self._verify is not None:  # NOTE: no load runs now: nothing is left to verify
+            self._verify.shutdown(wait=False)
 
     # ---------------------------------------------------------------- running a job
 
@@ -289,16 +302,28 @@ class TransferEngine:
             self._idle.notify_all()
 
     def _load(self, job_id: int, job: Job) -> Completion:
-        """Read every page into staging, verify each, land them. A landing that goes early (a
-        layer-wise engine computes under it) lands before the verdict, so the copies overlap
-        the engine's forward; its caller publishes only after the verdict."""
-        store, parts, landing = self.store, job.parts, job.land
+        """Read every page into staging, verify each, land them. A batch over ``CHUNK_BYTES``
+        is read chunk by chunk, each chunk verified on the verify threads while the next one
+        is read. A landing that goes early (a layer-wise engine computes under it) lands
+        before the verdict, so the copies overlap the engine's forward; its caller publishes
+        only after the verdict."""
+        store, landing = self.store, job.land
         cancelled = functools.partial(self._cancelled.__contains__, job_id)
-        fetched = pageio.fetch(store, parts)
-        early = (landing is not None and None not in fetched.sizes and landing.early()
+        pieces = pageio.chunks(job.parts, CHUNK_BYTES)
+        sizes: list[int | None] = []
+        checks: list[Future[pageio.ReadResult]] = []
+        for piece in pieces:
+            fetched = pageio.fetch(store, piece)
+            sizes += fetched.sizes
+            if len(pieces) == 1:
+                checks.append(_resolved(pageio.check(store, piece, fetched, bad=self.bad)))
+            else:
+                checks.append(self._verifier().submit(pageio.check, store, piece, fetched,
+                                                      bad=self.bad))
+        early = (landing is not None and None not in sizes and landing.early()
                  and not cancelled())
         landed = early and self._land(job, cancelled)
-        read = pageio.check(store, parts, fetched, bad=self.bad)
+        read = pageio.ReadResult.joined([check.result() for check in checks])
         missing = read.num_missing()
         self._count(fetched_pages=len(read.reasons), bad_pages=len(read.bad_keys),
                     missing_pages=missing)
@@ -313,6 +338,15 @@ class TransferEngine:
             status = TransferStatus.CANCELLED
         return Completion(job_id=job_id, kind=_LOAD, status=status, detail=detail, read=read,
                           num_bytes=read.num_bytes if status is TransferStatus.OK else 0)
+
+    def _verifier(self) -> ThreadPoolExecutor:
+        """The verify threads, started with the first chunked load (most engines' loads
+        fit one chunk and never start them)."""
+        with self._lock:
+            if self._verify is None:
+                self._verify = ThreadPoolExecutor(len(self._threads),
+                                                  thread_name_prefix=f"{self._name}-verify")
+            return self._verify
 
     def _land(self, job: Job, cancelled: Callable[[], bool]) -> bool:
         for event in job.ready:  # NOTE: the memory's previous users are done with it
@@ -358,3 +392,11 @@ class TransferEngine:
     def _count(self, **counts: int) -> None:
         with self._lock:
             self._stats.update(counts)
+
+
+def _resolved(value: pageio.ReadResult) -> Future[pageio.ReadResult]:
+    """A future already holding ``value`` (a one-chunk load verifies on its own thread)."""
+    future: Future[pageio.ReadResult] = Future()
+    future.set_result(value)
+    return future
+

@@ -16,6 +16,7 @@ from the frames (``pages.staging``), and decide what a miss means for their engi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections import Counter
@@ -130,6 +131,19 @@ class ReadResult:
     def num_missing(self) -> int:
         return sum(why == MISSING for why in self.reasons)
 
+    @classmethod
+    def joined(cls, reads: Sequence[ReadResult]) -> ReadResult:
+        """One result of consecutive reads (``chunks``'s, in order)."""
+        if len(reads) == 1:
+            return reads[0]
+        out = cls(reasons=[])
+        for read in reads:
+            out.reasons += read.reasons
+            out.ok = out.ok and read.ok
+            out.bad_keys += read.bad_keys
+            out.num_bytes += read.num_bytes
+        return out
+
 
 def stage_pages(arena: StagingArena, pools: Sequence[tuple[PageCodec, Sequence[str]]]
                 ) -> tuple[tuple[Any, memoryview], list[PageFrames]]:
@@ -144,6 +158,24 @@ def stage_pages(arena: StagingArena, pools: Sequence[tuple[PageCodec, Sequence[s
     for (codec, keys), frames in zip(pools, layout_frames(staging[0], staging[1], sizes)):
         parts.append(PageFrames(codec, keys, frames))
     return staging, parts
+
+
+def chunks(parts: Sequence[PageFrames], max_bytes: int) -> list[list[PageFrames]]:
+    """``parts`` cut into consecutive reads of at most ``max_bytes`` of frames each (at least
+    one page): the pages in the same order, each chunk one pool's, the frames the same
+    memory. One chunk when everything fits."""
+    if sum(part.frames.nbytes for part in parts) <= max_bytes:
+        return [list(parts)]
+    out = []
+    for part in parts:
+        frames = part.frames
+        step = max(1, max_bytes // frames.stride)
+        for start in range(0, frames.count, step):
+            count = min(step, frames.count - start)
+            piece = dataclasses.replace(frames, offset=frames.offset + start * frames.stride,
+                                        count=count)
+            out.append([PageFrames(part.codec, part.keys[start : start + count], piece)])
+    return out
 
 
 def fetch(store: Store, parts: Sequence[PageFrames]) -> Fetched:

@@ -136,3 +136,46 @@ def test_a_page_of_another_layout_or_key_is_a_miss_and_deleted() -> None:
     arena.release(*staging)
     assert read.reasons == ["key", None, "fingerprint"]
     assert store.exists(keys) == [False, True, False]
+
+
+@pytest.mark.parametrize("chunk_pages", [1, 2, 4, 100])
+def test_a_load_read_in_chunks_has_the_verdict_order_and_bytes_of_one_read(
+        chunk_pages: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The transfer engine reads a batch over ``CHUNK_BYTES`` chunk by chunk, verifying each
+    on its verify threads while it reads the next: two pools (6 and 3 pages) with the damage
+    of ``_damage`` in the first come out with every reason in page order, the present bad
+    pages deleted, the good payloads in their frames, and the job MISSING (a page is gone);
+    undamaged, OK with every byte in place."""
+    from radixlink.pages import engine as engine_module
+    from radixlink.pages.engine import Job, TransferEngine, TransferKind, TransferStatus
+
+    store, arena = MemoryStore(1 << 20), StagingArena()
+    codecs = [pageio.make_codec("fp", PAGE), pageio.make_codec("fp2", PAGE)]
+    keys = [PageKeys().keys(PoolName.KV, HASHES, "ab"),
+            PageKeys().keys(PoolName.SWA, HASHES[:3], "ab")]
+    data = [_pages(6, seed=1), _pages(3, seed=2)]
+    for codec, k, d in zip(codecs, keys, data):
+        assert _save(store, codec, k, d, arena).ok
+    staging, parts = pageio.stage_pages(arena, list(zip(codecs, keys)))
+    monkeypatch.setattr(engine_module, "CHUNK_BYTES", chunk_pages * parts[0].frames.stride)
+    engine = TransferEngine(store, 2, arena)
+    try:
+        done = engine.run(Job(kind=TransferKind.LOAD, parts=parts, staging=staging))
+        assert done.ok and done.read is not None and done.read.reasons == [None] * 9
+        for part, d in zip(parts, data):
+            assert torch.equal(part.frames.payloads().clone(), d)
+        engine.release(Job(kind=TransferKind.LOAD, parts=parts, staging=staging))
+        _damage(store, keys[0])
+        staging, parts = pageio.stage_pages(arena, list(zip(codecs, keys)))
+        done = engine.run(Job(kind=TransferKind.LOAD, parts=parts, staging=staging))
+        assert done.status is TransferStatus.MISSING and done.read is not None
+        assert done.read.reasons == [None, "checksum", None, None, "truncated", "missing",
+                                     None, None, None]
+        assert done.read.bad_keys == [keys[0][1], keys[0][4]]
+        assert store.exists(keys[0]) == [True, False, True, True, False, False]
+        rows = parts[0].frames.payloads()
+        assert all(torch.equal(rows[i], data[0][i]) for i in (0, 2, 3))
+        assert torch.equal(parts[1].frames.payloads().clone(), data[1])
+        assert (engine._verify is None) == (chunk_pages >= 9)  # one chunk: no verify threads
+    finally:
+        engine.close()
