@@ -114,10 +114,14 @@ class PoolView:
                 f"pool {self.name.value}: pages of shape {tuple(pages.shape)} do not match "
                 f"{num_pages} pages of {self.page_bytes} bytes"
             )
+        # NOTE: each page's rows go straight from its (spaced) staging frame to their slots:
+        # a 2-D index over [page, row] takes the frame as it is, where a 1-D index_copy_
+        # first needed a contiguous copy of every layer (one copy instead of two)
+        rows_index = index.view(num_pages, self.rows_per_page)
         for p in parts:
-            rows = pages[:, p.offset : p.offset + p.nbytes].contiguous()
-            data = rows.view(p.tensor.dtype).reshape(-1, *p.tensor.shape[1:])
-            p.tensor.index_copy_(0, index, data.to(p.tensor.device))
+            data = _as_rows(pages[:, p.offset : p.offset + p.nbytes], p.tensor,
+                            self.rows_per_page)
+            p.tensor.index_put_((rows_index,), data.to(p.tensor.device))
 
     def _index(self, slots: torch.Tensor) -> tuple[int, torch.Tensor]:
         flat = slots.reshape(-1)
@@ -205,3 +209,15 @@ def _mamba_view(req_to_token_pool: Any, start: int) -> PoolView:
         for g, i in req_to_token_pool.mamba_map.items()
     }
     return PoolView(PoolName.MAMBA, layers, rows_per_page=1)
+
+
+def _as_rows(pages: torch.Tensor, tensor: torch.Tensor, rows_per_page: int) -> torch.Tensor:
+    """``uint8 [num_pages, rows_per_page * row_bytes]`` pages (rows may be spaced) as
+    ``[num_pages, rows_per_page, *tensor.shape[1:]]`` of ``tensor``'s dtype: a view where the
+    spacing and alignment allow, else a contiguous copy."""
+    shape = (pages.shape[0], rows_per_page, *tensor.shape[1:])
+    try:
+        return pages.view(tensor.dtype).view(shape)
+    except RuntimeError:  # NOTE: a spacing or offset the dtype does not divide
+        return pages.contiguous().view(tensor.dtype).view(shape)
+
