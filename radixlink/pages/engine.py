@@ -12,11 +12,11 @@ One thread model: ``num_threads`` I/O threads run jobs from one FIFO queue (``su
 ``run`` runs one on the caller's thread (HiCache's synchronous calls, and a save to an
 in-process store with nothing to wait for). A load over ``CHUNK_BYTES`` is read chunk by chunk
 and each chunk verified on as many verify threads (started by the first such load) while the
-next one is read: the read's copy and a checksum or MAC pass run side by side. One corrupt-page policy (``pageio``: every bad
-page a counted miss, the present ones deleted and remembered in ``bad``), one stats record
-(``stats``), one close budget (``CLOSE_BUDGET_S``). Every job ends in exactly one
-``Completion``, handed to the job's ``done`` on the thread that ran it; nothing raises across
-threads (a failure is a status).
+next one is read: the read's copy and a checksum or MAC pass run side by side. One
+corrupt-page policy (``pageio``: every bad page a counted miss, the present ones deleted and
+remembered in ``bad``), one stats record (``stats``), one close budget (``CLOSE_BUDGET_S``).
+Every job ends in exactly one ``Completion``, handed to the job's ``done`` on the thread that
+ran it; nothing raises across threads (a failure is a status).
 
 Owns threads, the queue, the staging a job holds and the job lifecycle. Must not touch the
 tree or an engine's records: landers, fills and ``done`` callbacks are the adapters'.
@@ -32,7 +32,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -311,19 +311,16 @@ class TransferEngine:
         cancelled = functools.partial(self._cancelled.__contains__, job_id)
         pieces = pageio.chunks(job.parts, CHUNK_BYTES)
         sizes: list[int | None] = []
-        checks: list[Future[pageio.ReadResult]] = []
+        checks: list[Callable[[], pageio.ReadResult]] = []  # NOTE: one chunk: checked here
         for piece in pieces:
             fetched = pageio.fetch(store, piece)
             sizes += fetched.sizes
-            if len(pieces) == 1:
-                checks.append(_resolved(pageio.check(store, piece, fetched, bad=self.bad)))
-            else:
-                checks.append(self._verifier().submit(pageio.check, store, piece, fetched,
-                                                      bad=self.bad))
+            check = functools.partial(pageio.check, store, piece, fetched, bad=self.bad)
+            checks.append(check if len(pieces) == 1 else self._verifier().submit(check).result)
         early = (landing is not None and None not in sizes and landing.early()
                  and not cancelled())
         landed = early and self._land(job, cancelled)
-        read = pageio.ReadResult.joined([check.result() for check in checks])
+        read = pageio.ReadResult.joined([check() for check in checks])
         missing = read.num_missing()
         self._count(fetched_pages=len(read.reasons), bad_pages=len(read.bad_keys),
                     missing_pages=missing)
@@ -392,11 +389,4 @@ class TransferEngine:
     def _count(self, **counts: int) -> None:
         with self._lock:
             self._stats.update(counts)
-
-
-def _resolved(value: pageio.ReadResult) -> Future[pageio.ReadResult]:
-    """A future already holding ``value`` (a one-chunk load verifies on its own thread)."""
-    future: Future[pageio.ReadResult] = Future()
-    future.set_result(value)
-    return future
 

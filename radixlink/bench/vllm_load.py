@@ -1,0 +1,126 @@
+"""The load rate inside real vLLM (part of ``radixlink bench vllm``): one long prompt saved to a
+``file://`` store, then restored by a fresh engine, with the worker's per-batch log lines (read
+and verify, the wait for the model runner, the scatter) against a raw read and a memcpy of the
+same bytes, for an unsealed and a sealed (keyed BLAKE3) store, side by side in one run.
+
+Owns this measurement. The nodes are ``integrations.vllm.nodes``'; the TTFTs are vLLM's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+LINE = re.compile(r"radixlink load batch: (\d+) pages, (\d+) bytes; read and verified in "
+                  r"([\d.]+) s, waited ([\d.]+) s for the model runner, scattered in ([\d.]+) s")
+_LOGGING = {  # NOTE: vLLM applies it in every process it starts (VLLM_LOGGING_CONFIG_PATH)
+    "version": 1, "disable_existing_loggers": False, "formatters": {},
+    "handlers": {"out": {"class": "logging.StreamHandler", "stream": "ext://sys.stdout"}},
+    "loggers": {"radixlink": {"handlers": ["out"], "level": "INFO", "propagate": False}},
+}
+
+
+def batches(log: str) -> list[dict[str, float]]:
+    """The worker's load-batch lines of a node's log, in order."""
+    return [{"pages": int(m[1]), "bytes": int(m[2]), "read_s": float(m[3]),
+             "wait_s": float(m[4]), "scatter_s": float(m[5])} for m in LINE.finditer(log)]
+
+
+def raw_rates(url: str, repeat: int = 3) -> dict[str, float]:
+    """GB/s of the best of ``repeat`` batched ``get_into`` of every page in the store into one
+    buffer (what a load reads, without verify or scatter), and of a memcpy of those bytes."""
+    from radixlink.stores import open_store
+
+    with open_store(url) as store:
+        keys = sorted(key for key, _ in store.scan())
+        sizes = [len(v or b"") for v in store.get(keys[:1])]
+        size = sizes[0]
+        buf = np.empty(len(keys) * size, dtype=np.uint8)
+        views = [memoryview(buf)[i * size:(i + 1) * size] for i in range(len(keys))]
+        read = min(_timed(lambda: store.get_into(keys, views)) for _ in range(repeat))
+    dst = np.empty_like(buf)
+    copy = min(_timed(lambda: np.copyto(dst, buf)) for _ in range(repeat))
+    return {"bytes": int(buf.nbytes), "read_GBps": round(buf.nbytes / read / 1e9, 2),
+            "memcpy_GBps": round(buf.nbytes / copy / 1e9, 2)}
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def run(model: str, tmp: Path, prompt: list[int], new_tokens: int,
+        served: Callable[..., tuple[float, float, float, list[int]]]) -> dict[str, Any]:
+    """For an unsealed and a sealed store: a node saves ``prompt``; a fresh node serves it
+    from the store (its first load), then from its device cache, then from the store again
+    (a warm process's load). ``served`` is ``vllm_engine._served``."""
+    from radixlink.integrations.vllm.nodes import NodeSpec, VllmNode, connector_config
+
+    logging_config = tmp / "load-logging.json"
+    logging_config.write_text(json.dumps(_LOGGING))
+    secret = tmp / "load-secret"
+    secret.write_text(secrets.token_hex(32))
+    secret.chmod(0o600)
+    limits = {"max_model_len": len(prompt) + 256, "max_num_batched_tokens": len(prompt) + 256,
+              "kv_cache_gib": 2, "env": {"VLLM_LOGGING_CONFIG_PATH": str(logging_config)}}
+    out: dict[str, Any] = {"prompt_tokens": len(prompt), "cases": {}}
+    for case, query in (("unsealed", ""), ("sealed", f"?auth=file:{secret}")):
+        url = f"file://{tmp}/load-{case}{query}"
+        spec = NodeSpec(model=model, kv_transfer_config=connector_config(url), **limits)
+        with VllmNode(spec, tmp / f"load-{case}-writer.log") as writer:
+            served(writer, prompt, new_tokens)
+        with VllmNode(spec, tmp / f"load-{case}-reader.log") as reader:
+            served(reader, [7, 8, 9] * 20, 2)  # NOTE: one-time setup, no page of the prompt
+            first = served(reader, prompt, new_tokens)
+            device = served(reader, prompt, new_tokens)
+            assert reader.reset_prefix_cache(), "vLLM did not empty its prefix cache"
+            again = served(reader, prompt, new_tokens)
+        lines = batches(reader.log_path.read_text())  # NOTE: complete once the node stopped
+        assert len(lines) == 2, f"{case}: expected two load batches, got {lines}"
+        row: dict[str, Any] = {"MB": round(lines[0]["bytes"] / 1e6, 1),
+                               "identical": first[3] == device[3] == again[3]}
+        for name, line, ttft in (("first load", lines[0], first[1]),
+                                 ("warm load", lines[1], again[1])):
+            total = line["read_s"] + line["wait_s"] + line["scatter_s"]
+            row[name] = {"read_verify_s": line["read_s"], "wait_s": line["wait_s"],
+                         "scatter_s": line["scatter_s"],
+                         "GBps": round(line["bytes"] / total / 1e9, 2),
+                         "ttft_s": round(ttft, 4), "ttft_over_device_hit_s":
+                         round(ttft - device[1], 4)}  # fmt: skip
+        row.update(raw_rates(url))
+        out["cases"][case] = row
+    unsealed, sealed = out["cases"]["unsealed"], out["cases"]["sealed"]
+    out["warm_load_vs_raw_read"] = round(unsealed["warm load"]["GBps"] / unsealed["read_GBps"],
+                                         3)
+    out["sealed_vs_unsealed"] = round(sealed["warm load"]["GBps"]
+                                      / unsealed["warm load"]["GBps"], 3)
+    return out
+
+
+def print_rows(result: dict[str, Any]) -> None:
+    """The load section of ``bench vllm``'s output."""
+    from radixlink.engine.demo import print_table
+
+    rows = []
+    for case, row in result["cases"].items():
+        for name in ("first load", "warm load"):
+            load = row[name]
+            rows.append({"store": case, "load": name, "MB": row["MB"],
+                         "read+verify s": load["read_verify_s"], "wait s": load["wait_s"],
+                         "scatter s": load["scatter_s"], "in-engine GB/s": load["GBps"],
+                         "raw read GB/s": row["read_GBps"], "memcpy GB/s": row["memcpy_GBps"],
+                         "TTFT over device hit s": load["ttft_over_device_hit_s"],
+                         "identical": row["identical"]})
+    print_table(f"load inside vLLM: one prompt of {result['prompt_tokens']} tokens, a fresh "
+                "engine's first load and a warm one, against a raw read and a memcpy of the "
+                "same bytes", rows)
+    print(f"warm in-engine load / raw read: {result['warm_load_vs_raw_read']:.3f}x; sealed / "
+          f"unsealed in-engine load: {result['sealed_vs_unsealed']:.3f}x")
