@@ -312,15 +312,19 @@ class TransferEngine:
         pieces = pageio.chunks(job.parts, CHUNK_BYTES)
         sizes: list[int | None] = []
         checks: list[Callable[[], pageio.ReadResult]] = []  # NOTE: one chunk: checked here
-        for piece in pieces:
-            fetched = pageio.fetch(store, piece)
-            sizes += fetched.sizes
-            check = functools.partial(pageio.check, store, piece, fetched, bad=self.bad)
-            checks.append(check if len(pieces) == 1 else self._verifier().submit(check).result)
-        early = (landing is not None and None not in sizes and landing.early()
-                 and not cancelled())
-        landed = early and self._land(job, cancelled)
-        read = pageio.ReadResult.joined([check() for check in checks])
+        try:
+            for piece in pieces:
+                fetched = pageio.fetch(store, piece)
+                sizes += fetched.sizes
+                check = functools.partial(pageio.check, store, piece, fetched, bad=self.bad)
+                checks.append(check if len(pieces) == 1 else
+                              self._verifier().submit(check).result)
+            early = (landing is not None and None not in sizes and landing.early()
+                     and not cancelled())
+            landed = early and self._land(job, cancelled)
+        finally:  # NOTE: no verify thread may still read the staging this job gives back
+            reads = _settled(checks)
+        read = pageio.ReadResult.joined(reads)
         missing = read.num_missing()
         self._count(fetched_pages=len(read.reasons), bad_pages=len(read.bad_keys),
                     missing_pages=missing)
@@ -389,4 +393,18 @@ class TransferEngine:
     def _count(self, **counts: int) -> None:
         with self._lock:
             self._stats.update(counts)
+
+
+def _settled(checks: Sequence[Callable[[], pageio.ReadResult]]) -> list[pageio.ReadResult]:
+    """Every check's result, waiting for all of them even when one raised (then the first
+    error is raised, once none runs)."""
+    out, error = [], None
+    for check in checks:
+        try:
+            out.append(check())
+        except Exception as exc:  # noqa: BLE001 - raised below, once every check ended
+            error = error or exc
+    if error is not None:
+        raise error
+    return out
 

@@ -179,3 +179,50 @@ def test_a_load_read_in_chunks_has_the_verdict_order_and_bytes_of_one_read(
         assert (engine._verify is None) == (chunk_pages >= 9)  # one chunk: no verify threads
     finally:
         engine.close()
+
+
+def test_a_chunked_load_whose_read_fails_returns_only_once_no_chunk_is_being_verified(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store error on the second chunk ends the load as STORE_ERROR, but only after the
+    first chunk's verification finished: the job's staging goes back to the arena when it
+    returns, and a verify thread still reading it could see another job's bytes (and delete a
+    good page as bad)."""
+    import threading
+    import time
+
+    from radixlink.pages import engine as engine_module
+    from radixlink.pages.engine import Job, TransferEngine, TransferKind, TransferStatus
+
+    class FailingSecondRead(MemoryStore):
+        reads = 0
+
+        def get_into(self, keys, buffers):  # type: ignore[no-untyped-def]
+            self.reads += 1
+            if self.reads == 2:
+                raise OSError("the store went away")
+            return super().get_into(keys, buffers)
+
+    store, arena = FailingSecondRead(1 << 20), StagingArena()
+    codec = pageio.make_codec("fp", PAGE)
+    keys = PageKeys().keys(PoolName.KV, HASHES, "ab")
+    assert _save(store, codec, keys, _pages(6, seed=1), arena).ok
+    running = threading.Event()
+    real_check = pageio.check
+
+    def slow_check(*args, **kwargs):  # type: ignore[no-untyped-def]
+        running.set()
+        time.sleep(0.3)
+        result = real_check(*args, **kwargs)
+        running.clear()
+        return result
+
+    monkeypatch.setattr(pageio, "check", slow_check)
+    staging, parts = pageio.stage_pages(arena, [(codec, keys)])
+    monkeypatch.setattr(engine_module, "CHUNK_BYTES", 3 * parts[0].frames.stride)
+    engine = TransferEngine(store, 1, arena)
+    try:
+        done = engine.run(Job(kind=TransferKind.LOAD, parts=parts, staging=staging))
+        assert done.status is TransferStatus.STORE_ERROR and "went away" in done.detail
+        assert not running.is_set(), "a chunk was still being verified when the load ended"
+    finally:
+        engine.close()
