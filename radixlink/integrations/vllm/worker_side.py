@@ -202,11 +202,11 @@ class WorkerSide:
                 batch = self._done.get_nowait()
             except queue.Empty:
                 break
+            self._finish_batch(batch)  # NOTE: first: a scatter that fails fails its load
             for load in batch.requests:
                 recving.add(load.req_id)
                 if load.failed and not self._block_errors:
                     failed.add(load.req_id)
-            self._finish_batch(batch)
         sending, self._finished_sending = self._finished_sending, set()
         return sending, recving, failed
 
@@ -266,11 +266,16 @@ class WorkerSide:
                     self._fail(load)
                     if not self._block_errors:
                         continue
-                for gid, block_ids, rows in load.pages:
-                    group = self._groups[gid]
-                    group.scatter(block_ids, batch.payloads[gid], rows)
-                    pages += len(block_ids)
-                    nbytes += len(block_ids) * group.page_bytes
+                try:
+                    for gid, block_ids, rows in load.pages:
+                        group = self._groups[gid]
+                        group.scatter(block_ids, batch.payloads[gid], rows)
+                        pages += len(block_ids)
+                        nbytes += len(block_ids) * group.page_bytes
+                except Exception as exc:  # noqa: BLE001 - never into vLLM's worker: the load
+                    load.error = f"scatter failed: {type(exc).__name__}: {exc}"  # fails
+                    load.bad_blocks.update(b for _, ids, _ in load.pages for b in ids)
+                    self._fail(load)
                 self._load_errors |= load.bad_blocks
         finally:
             batch.release(self._engine)

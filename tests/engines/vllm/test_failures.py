@@ -143,3 +143,25 @@ def test_a_save_that_cannot_stage_is_dropped_not_raised_into_the_worker(nodes, m
     assert node.workers[0].worker._inflight_bytes == 0
     node.assert_no_leak()
     assert _page_keys(file_url) == []  # nothing was written
+
+
+def test_a_scatter_that_raises_fails_the_load_not_the_worker(nodes, model_dir, file_url,
+                                                             monkeypatch):
+    """Scattering verified pages into vLLM's blocks raises (a bug, a device error): the load
+    fails and vLLM recomputes the request; nothing raises out of get_finished."""
+    from radixlink.integrations.vllm.pages import PagedGroup
+
+    prompt = _prompt(35, 100)
+    _store_one(nodes, model_dir, file_url, prompt)
+    node2 = nodes(model_dir, file_url)
+
+    def broken(self, block_ids, pages, rows=None):
+        raise RuntimeError("scatter bug")
+
+    monkeypatch.setattr(PagedGroup, "scatter", broken)
+    node2.add("b", prompt)
+    assert _first_run(node2, "b") == (0, 100)  # the load failed: all 100 tokens computed
+    node2.run()
+    assert node2.workers[0].worker.stats["failed_loads"] == 1
+    assert node2.workers[0].worker.stats["loaded_pages"] == 0
+    node2.assert_no_leak()
