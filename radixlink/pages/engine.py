@@ -5,6 +5,11 @@ pool by pool, between staging frames (``pages.staging``) and the store, in stage
     LOAD   get_into staging (one batch) -> verify every page -> land
            (``Job.land`` writes the verified payloads into the pools on the I/O thread; a job
            with no lander leaves them to its caller, staging held until ``release``)
+    STREAM get_into a chunk's own staging -> verify it -> ``Stream.land`` it, on a verify
+           thread while the next chunk is read (on one core: each chunk in turn, on the I/O
+           thread); its staging goes back as soon as it landed (a load into host memory: at
+           most ``STREAM_WINDOW`` + 1 chunks of staging at once whatever the batch's size,
+           faulted in ahead by ``reserve_stream``)
     SAVE   gather (the caller's, before ``submit``; or ``Job.fill`` on the I/O thread) ->
            encode in place -> skip the pages the store holds (``skip_present``) -> one put
 
@@ -12,7 +17,8 @@ One thread model: ``num_threads`` I/O threads run jobs from one FIFO queue (``su
 ``run`` runs one on the caller's thread (HiCache's synchronous calls, and a save to an
 in-process store with nothing to wait for). A load over ``CHUNK_BYTES`` is read chunk by chunk
 and each chunk verified on as many verify threads (started by the first such load) while the
-next one is read: the read's copy and a checksum or MAC pass run side by side. One
+next one is read: the read's copy and a checksum or MAC pass run side by side, given a second
+core (an I/O thread bound to one core, as vLLM's CPU worker is, checks in turn). One
 corrupt-page policy (``pageio``: every bad page a counted miss, the present ones deleted and
 remembered in ``bad``), one stats record (``stats``), one close budget (``CLOSE_BUDGET_S``).
 Every job ends in exactly one ``Completion``, handed to the job's ``done`` on the thread that
@@ -27,6 +33,7 @@ from __future__ import annotations
 import enum
 import functools
 import logging
+import os
 import queue
 import threading
 import time
@@ -37,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from radixlink.pages import pageio
-from radixlink.pages.staging import StagingArena
+from radixlink.pages.staging import StagingArena, frame_stride, frames_bytes
 from radixlink.stores.base import Store
 
 logger = logging.getLogger(__name__)
@@ -50,6 +57,10 @@ CHUNK_BYTES = 16 << 20
 is read. Measured on 2 cores (32 pages of 5.9 MB from a warm ``file://`` store, medians of 5):
 unsealed 5.08 GB/s in one read, 6.45 with 16 MiB chunks (32 MiB: 6.38, 64 MiB: 6.19); sealed
 (keyed BLAKE3, which releases the GIL) 1.83 -> 3.43 GB/s."""
+
+STREAM_WINDOW = 2
+"""A streamed load reads a chunk only once no more than this many earlier ones are still being
+verified or landed: its staging stays within ``STREAM_WINDOW + 1`` chunks."""
 
 
 class TransferKind(enum.Enum):
@@ -87,19 +98,41 @@ class Landing(Protocol):
         """The load ended without landing: release whatever waits on it (must not raise)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """A LOAD read chunk by chunk into staging of its own and landed as it goes.
+
+    Attributes:
+        pools: per pool its codec and the store keys of its pages.
+        land: called on the thread that verified a chunk, with its spans (``pageio.Span``:
+            pool, first page, count), its pages (frames valid only during the call) and their
+            verdict; lands the whole verified ones. Its raise fails the job.
+    """
+
+    pools: Sequence[tuple[pageio.PageCodec, Sequence[str]]]
+    land: Callable[[Sequence[pageio.Span], Sequence[pageio.PageFrames], pageio.ReadResult],
+                   None]
+
+    def spans(self) -> list[list[pageio.Span]]:
+        return pageio.spans([(len(keys), frame_stride(codec.frame_bytes))
+                             for codec, keys in self.pools], CHUNK_BYTES)
+
+
 @dataclass(slots=True, kw_only=True)
 class Job:
     """One batch of pages to move.
 
     Attributes:
         kind: LOAD or OFFLOAD (a save).
-        parts: per pool its codec, store keys and frames in ``staging``.
+        parts: per pool its codec, store keys and frames in ``staging`` (none for a
+            ``stream``).
         staging: the buffer of the frames, given back to the engine's arena when the job ends
             (a LOAD with no lander: when its caller calls ``release``).
         ready: device events to wait for before the job touches device memory (its land or
             fill) or, for a save, reads its frames.
         land: LOAD: where the verified payloads go (``Landing``); None: the caller lands
             them from the frames once the job completed, then ``release``s the job.
+        stream: LOAD: read and land chunk by chunk (``Stream``), instead of ``parts``.
         fill: OFFLOAD: copies the gathered pages into the frames, on the I/O thread.
         skip_present: OFFLOAD: pages the store holds are not sent (bad ones still are).
         done: called with the job's completion, on the thread that ran it; must not raise.
@@ -110,12 +143,15 @@ class Job:
     staging: tuple[Any, memoryview] | None = None
     ready: Sequence[Any] = ()
     land: Landing | None = None
+    stream: Stream | None = None
     fill: Callable[[], None] | None = None
     skip_present: bool = False
     done: Callable[[Completion], None] | None = None
 
     @property
     def num_pages(self) -> int:
+        if self.stream is not None:
+            return sum(len(keys) for _, keys in self.stream.pools)
         return sum(len(part.keys) for part in self.parts)
 
 
@@ -195,6 +231,15 @@ class TransferEngine:
         """Run ``job`` on the caller's thread and return its completion (also handed to its
         ``done``)."""
         return self._guarded(self._open(), job)
+
+    def reserve_stream(self, codecs: Sequence[pageio.PageCodec]) -> None:
+        """Fault in the most staging a streamed load of these pools holds at once
+        (``STREAM_WINDOW`` + 1 chunks; one on one core), so a fresh process's first load
+        touches no new memory."""
+        sizes = [frames_bytes([(max(1, CHUNK_BYTES // frame_stride(c.frame_bytes)),
+                                c.page_bytes, c.frame_bytes)]) for c in codecs]
+        if sizes:
+            self.arena.reserve(max(sizes), 1 if _one_core() else STREAM_WINDOW + 1)
 
     def cancel(self, job_id: int) -> None:
         """Ask a job not to land (a load then completes as CANCELLED; its pages still count
@@ -302,29 +347,14 @@ class TransferEngine:
             self._idle.notify_all()
 
     def _load(self, job_id: int, job: Job) -> Completion:
-        """Read every page into staging, verify each, land them. A batch over ``CHUNK_BYTES``
-        is read chunk by chunk, each chunk verified on the verify threads while the next one
-        is read. A landing that goes early (a layer-wise engine computes under it) lands
-        before the verdict, so the copies overlap the engine's forward; its caller publishes
-        only after the verdict."""
-        store, landing = self.store, job.land
+        """Read every page, verify each, land them (``_read_staged`` or ``_read_streamed``);
+        the verdict under the one corrupt-page policy."""
         cancelled = functools.partial(self._cancelled.__contains__, job_id)
-        pieces = pageio.chunks(job.parts, CHUNK_BYTES)
-        sizes: list[int | None] = []
-        checks: list[Callable[[], pageio.ReadResult]] = []  # NOTE: one chunk: checked here
-        try:
-            for piece in pieces:
-                fetched = pageio.fetch(store, piece)
-                sizes += fetched.sizes
-                check = functools.partial(pageio.check, store, piece, fetched, bad=self.bad)
-                checks.append(check if len(pieces) == 1 else
-                              self._verifier().submit(check).result)
-            early = (landing is not None and None not in sizes and landing.early()
-                     and not cancelled())
-            landed = early and self._land(job, cancelled)
-        finally:  # NOTE: no verify thread may still read the staging this job gives back
-            reads = _settled(checks)
-        read = pageio.ReadResult.joined(reads)
+        landed = False
+        if job.stream is not None:
+            read = self._read_streamed(job.stream)
+        else:
+            read, landed = self._read_staged(job, cancelled)
         missing = read.num_missing()
         self._count(fetched_pages=len(read.reasons), bad_pages=len(read.bad_keys),
                     missing_pages=missing)
@@ -334,11 +364,76 @@ class TransferEngine:
             status = TransferStatus.MISSING if missing else TransferStatus.CORRUPT
             short = not missing and set(misses) == {pageio.SHORT}
             detail = "short page" if short else f"{sum(misses.values())} bad page(s)"
-        elif landing is not None and (cancelled() or not (
-                landed or (not early and self._land(job, cancelled)))):
+        elif job.land is not None and (cancelled() or not (
+                landed or (landed is None and self._land(job, cancelled)))):
             status = TransferStatus.CANCELLED
         return Completion(job_id=job_id, kind=_LOAD, status=status, detail=detail, read=read,
                           num_bytes=read.num_bytes if status is TransferStatus.OK else 0)
+
+    def _read_staged(self, job: Job,
+                     cancelled: Callable[[], bool]) -> tuple[pageio.ReadResult, bool | None]:
+        """Read every page into the job's staging and verify each. A batch over
+        ``CHUNK_BYTES`` is read chunk by chunk, each chunk verified on the verify threads while
+        the next one is read. A landing that goes early (a layer-wise engine computes under
+        it) lands before the verdict, so the copies overlap the engine's forward; its caller
+        publishes only after the verdict. Also whether it landed (None: not tried yet)."""
+        landing = job.land
+        pieces = pageio.chunks(job.parts, CHUNK_BYTES)
+        parallel = len(pieces) > 1 and not _one_core()
+        sizes: list[int | None] = []
+        checks: list[Callable[[], pageio.ReadResult]] = []  # NOTE: not parallel: checked here
+        try:
+            for piece in pieces:
+                fetched = pageio.fetch(self.store, piece)
+                sizes += fetched.sizes
+                check = functools.partial(pageio.check, self.store, piece, fetched, bad=self.bad)
+                checks.append(self._verifier().submit(check).result if parallel else check)
+            early = (landing is not None and None not in sizes and landing.early()
+                     and not cancelled())
+            landed = self._land(job, cancelled) if early else None
+        finally:  # NOTE: no verify thread may still read the staging this job gives back
+            reads = _settled(checks)
+        return pageio.ReadResult.joined(reads), landed
+
+    def _read_streamed(self, stream: Stream) -> pageio.ReadResult:
+        """Read chunk by chunk, each into staging of its own, verified and landed on a verify
+        thread while the next one is read (one chunk, or one core: each in turn here); a chunk
+        is read once no more than ``STREAM_WINDOW`` earlier ones are still out."""
+        reads = stream.spans()
+        parallel = len(reads) > 1 and not _one_core()
+        checks: list[Callable[[], pageio.ReadResult]] = []
+        try:
+            for k, spans in enumerate(reads):
+                if k >= STREAM_WINDOW:
+                    checks[k - STREAM_WINDOW]()  # NOTE: bounds the staging out at once
+                staging, piece = pageio.stage_pages(self.arena, [
+                    (stream.pools[pool][0], stream.pools[pool][1][first : first + count])
+                    for pool, first, count in spans])  # fmt: skip
+                try:
+                    fetched = pageio.fetch(self.store, piece)
+                except BaseException:
+                    self.arena.release(*staging)
+                    raise
+                check = functools.partial(self._land_chunk, stream, spans, piece, fetched,
+                                          staging)
+                if parallel:
+                    checks.append(self._verifier().submit(check).result)
+                else:
+                    read = check()
+                    checks.append(lambda read=read: read)
+        finally:  # NOTE: every chunk's staging is back once each check ended
+            results = _settled(checks)
+        return pageio.ReadResult.joined(results)
+
+    def _land_chunk(self, stream: Stream, spans: Sequence[pageio.Span],
+                    piece: Sequence[pageio.PageFrames], fetched: pageio.Fetched,
+                    staging: tuple[Any, memoryview]) -> pageio.ReadResult:
+        try:
+            read = pageio.check(self.store, piece, fetched, bad=self.bad)
+            stream.land(spans, piece, read)
+            return read
+        finally:
+            self.arena.release(*staging)
 
     def _verifier(self) -> ThreadPoolExecutor:
         """The verify threads, started with the first chunked load (most engines' loads
@@ -393,6 +488,15 @@ class TransferEngine:
     def _count(self, **counts: int) -> None:
         with self._lock:
             self._stats.update(counts)
+
+
+def _one_core() -> bool:
+    """Whether the calling thread may run on one core only. Then a verify thread overlaps
+    nothing and costs a GIL handoff per chunk (vLLM's CPU worker binds its threads to the
+    cores of its OMP threads: one here, beside its busy engine loop; in turn on the I/O thread,
+    a 188.7 MB load took 24-27 ms against 28-34 ms, measured), so chunks are checked in turn,
+    each while its staging is in cache."""
+    return len(os.sched_getaffinity(0)) == 1
 
 
 def _settled(checks: Sequence[Callable[[], pageio.ReadResult]]) -> list[pageio.ReadResult]:

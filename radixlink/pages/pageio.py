@@ -160,21 +160,34 @@ def stage_pages(arena: StagingArena, pools: Sequence[tuple[PageCodec, Sequence[s
     return staging, parts
 
 
+Span = tuple[int, int, int]
+"""``(pool, first page, count)``: a run of one pool's pages."""
+
+
+def spans(pools: Sequence[tuple[int, int]], max_bytes: int) -> list[list[Span]]:
+    """Pools of ``(pages, frame stride)`` cut into consecutive reads of at most ``max_bytes``
+    of frames each (at least one page): per read its spans, the pages in order, each read one
+    pool's. One read of every pool when everything fits."""
+    if sum(count * stride for count, stride in pools) <= max_bytes:
+        return [[(pool, 0, count) for pool, (count, _) in enumerate(pools)]]
+    out = []
+    for pool, (count, stride) in enumerate(pools):
+        step = max(1, max_bytes // stride)
+        out += [[(pool, start, min(step, count - start))] for start in range(0, count, step)]
+    return out
+
+
 def chunks(parts: Sequence[PageFrames], max_bytes: int) -> list[list[PageFrames]]:
-    """``parts`` cut into consecutive reads of at most ``max_bytes`` of frames each (at least
-    one page): the pages in the same order, each chunk one pool's, the frames the same
-    memory. One chunk when everything fits."""
-    if sum(part.frames.nbytes for part in parts) <= max_bytes:
+    """``parts`` cut as ``spans`` cuts them, the frames the same memory."""
+    reads = spans([(part.frames.count, part.frames.stride) for part in parts], max_bytes)
+    if len(reads) == 1:
         return [list(parts)]
     out = []
-    for part in parts:
-        frames = part.frames
-        step = max(1, max_bytes // frames.stride)
-        for start in range(0, frames.count, step):
-            count = min(step, frames.count - start)
-            piece = dataclasses.replace(frames, offset=frames.offset + start * frames.stride,
-                                        count=count)
-            out.append([PageFrames(part.codec, part.keys[start : start + count], piece)])
+    for (pool, start, count), in reads:
+        part = parts[pool]
+        frames = dataclasses.replace(part.frames, count=count,
+                                     offset=part.frames.offset + start * part.frames.stride)
+        out.append([PageFrames(part.codec, part.keys[start : start + count], frames)])
     return out
 
 

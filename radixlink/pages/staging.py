@@ -136,6 +136,17 @@ class StagingArena:
             buffer = torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
         return buffer, buffer.numpy().data
 
+    def reserve(self, nbytes: int, count: int) -> None:
+        """Fault ``count`` buffers of ``nbytes`` in now and cache them (as far as
+        ``max_cached_bytes`` allows): the first jobs to ask for them then touch no new memory,
+        whose page faults can cost more than the read itself (a fresh vLLM CPU worker: 0.7 s
+        for 256 MiB, 11 us per 4 KiB page, measured)."""
+        buffers = [self.acquire(nbytes) for _ in range(count)]
+        for buffer, _ in buffers:
+            buffer.zero_()
+        for buffer in buffers:
+            self.release(*buffer)
+
     def release(self, buffer: torch.Tensor, view: memoryview) -> None:
         """Give a buffer back (nobody may use it afterwards)."""
         size = buffer.numel()

@@ -12,7 +12,7 @@ from radixlink.contract import PoolName
 from radixlink.hashing import Namespace, namespace_id
 from radixlink.pages import pageio
 from radixlink.pages.keys import PageKeys
-from radixlink.pages.staging import StagingArena
+from radixlink.pages.staging import StagingArena, frame_stride
 from radixlink.stores.faults import FaultyStore
 from radixlink.stores.keys import page_key
 from radixlink.stores.memory import MemoryStore
@@ -226,3 +226,140 @@ def test_a_chunked_load_whose_read_fails_returns_only_once_no_chunk_is_being_ver
         assert not running.is_set(), "a chunk was still being verified when the load ended"
     finally:
         engine.close()
+
+
+class _CountingArena(StagingArena):
+    """An arena that counts the buffers out at once (the most, and now)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = self.most = 0
+
+    def acquire(self, nbytes: int):  # type: ignore[no-untyped-def]
+        self.out += 1
+        self.most = max(self.most, self.out)
+        return super().acquire(nbytes)
+
+    def release(self, buffer, view) -> None:  # type: ignore[no-untyped-def]
+        self.out -= 1
+        super().release(buffer, view)
+
+
+def _streamed(store: MemoryStore, codecs: list[pageio.Codec], keys: list[list[str]],
+              arena: StagingArena, land=None):  # type: ignore[no-untyped-def]
+    """A streamed LOAD of two pools into fresh host rows: (completion, rows per pool, spans
+    landed, whether verify threads ran)."""
+    from radixlink.pages.engine import Job, Stream, TransferEngine, TransferKind
+
+    rows = [torch.zeros(len(k), PAGE, dtype=torch.uint8) for k in keys]
+    landed: list[tuple[int, int, int]] = []
+
+    def copy(spans, piece, read) -> None:  # type: ignore[no-untyped-def]
+        page = 0
+        for (pool, first, count), part in zip(spans, piece, strict=True):
+            for i in range(count):
+                if read.reasons[page + i] is None:
+                    rows[pool][first + i] = part.frames.payloads()[i]
+            page += count
+        landed.extend(spans)
+
+    engine = TransferEngine(store, 2, arena)
+    try:
+        stream = Stream(list(zip(codecs, keys)), land or copy)
+        done = engine.run(Job(kind=TransferKind.LOAD, parts=(), stream=stream))
+    finally:
+        engine.close()
+    return done, rows, landed, engine._verify is not None
+
+
+@pytest.mark.parametrize("cores", ["one", "all"])
+@pytest.mark.parametrize("chunk_pages", [1, 2, 100])
+def test_a_streamed_load_lands_each_verified_chunk_with_bounded_staging(
+        chunk_pages: int, cores: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A streamed load reads each chunk into staging of its own, verifies it and hands it to
+    ``Stream.land``, on a verify thread while the next is read when the thread may run on
+    more than one core, else each in turn: two pools (6 and 3 pages) land every page, in
+    spans that cover each pool once; with the damage of ``_damage`` the reasons come in page
+    order and no bad page lands. At most ``STREAM_WINDOW`` + 1 chunks of staging are out at
+    once (one on one core), and none is out when the job ends."""
+    import os
+
+    allowed = os.sched_getaffinity(0)
+    if cores == "one":
+        os.sched_setaffinity(0, {min(allowed)})  # NOTE: this thread; the engine's inherit it
+    try:
+        _stream_and_check(chunk_pages, cores == "one" or len(allowed) == 1, monkeypatch)
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
+def _stream_and_check(chunk_pages: int, one_core: bool,
+                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from radixlink.pages import engine as engine_module
+    from radixlink.pages.engine import TransferStatus
+
+    store, arena = MemoryStore(1 << 20), _CountingArena()
+    codecs = [pageio.make_codec("fp", PAGE), pageio.make_codec("fp2", PAGE)]
+    keys = [PageKeys().keys(PoolName.KV, HASHES, "ab"),
+            PageKeys().keys(PoolName.SWA, HASHES[:3], "ab")]
+    data = [_pages(6, seed=1), _pages(3, seed=2)]
+    for codec, k, d in zip(codecs, keys, data):
+        assert _save(store, codec, k, d, arena).ok
+    stride = frame_stride(codecs[0].frame_bytes)
+    monkeypatch.setattr(engine_module, "CHUNK_BYTES", chunk_pages * stride)
+    done, rows, landed, threaded = _streamed(store, codecs, keys, arena)
+    assert done.ok and done.read is not None and done.read.reasons == [None] * 9
+    assert all(torch.equal(r, d) for r, d in zip(rows, data))
+    pages = sorted((pool, first + i) for pool, first, count in landed for i in range(count))
+    assert pages == [(0, i) for i in range(6)] + [(1, i) for i in range(3)]
+    assert arena.out == 0
+    assert arena.most <= (1 if one_core else engine_module.STREAM_WINDOW + 1)
+    assert threaded == (not one_core and chunk_pages < 100)
+    if chunk_pages < 100:
+        assert len(landed) > engine_module.STREAM_WINDOW + 1  # the bound was exercised
+    _damage(store, keys[0])
+    done, rows, _, _ = _streamed(store, codecs, keys, arena)
+    assert done.status is TransferStatus.MISSING and done.read is not None
+    assert done.read.reasons == [None, "checksum", None, None, "truncated", "missing",
+                                 None, None, None]
+    assert store.exists(keys[0]) == [True, False, True, True, False, False]
+    assert all(torch.equal(rows[0][i], data[0][i]) for i in (0, 2, 3))
+    assert all(not rows[0][i].any() for i in (1, 4, 5))  # NOTE: random pages are never zero
+    assert arena.out == 0
+
+
+@pytest.mark.parametrize("failure", ["store", "land"])
+def test_a_streamed_load_that_fails_gives_every_chunks_staging_back(
+        failure: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store error on the third chunk, or a landing that raises on the second, ends the
+    streamed load as STORE_ERROR with the error in its detail, nothing raised, and every
+    chunk's staging back in the arena."""
+    from radixlink.pages import engine as engine_module
+    from radixlink.pages.engine import TransferStatus
+
+    class FailingThirdRead(MemoryStore):
+        reads = 0
+
+        def get_into(self, keys, buffers):  # type: ignore[no-untyped-def]
+            self.reads += 1
+            if failure == "store" and self.reads == 3:
+                raise OSError("the store went away")
+            return super().get_into(keys, buffers)
+
+    store, arena = FailingThirdRead(1 << 20), _CountingArena()
+    codec = pageio.make_codec("fp", PAGE)
+    keys = PageKeys().keys(PoolName.KV, HASHES, "ab")
+    assert _save(store, codec, keys, _pages(6, seed=1), arena).ok
+    monkeypatch.setattr(engine_module, "CHUNK_BYTES", 1)
+    calls = []
+
+    def land(spans, piece, read) -> None:  # type: ignore[no-untyped-def]
+        calls.append(spans)
+        if failure == "land" and len(calls) == 2:
+            raise RuntimeError("a landing bug")
+
+    done, _, _, _ = _streamed(store, [codec], [keys], arena,
+                              land=land if failure == "land" else None)
+    assert done.status is TransferStatus.STORE_ERROR
+    assert ("went away" if failure == "store" else "landing bug") in done.detail
+    assert arena.out == 0 and arena.most <= engine_module.STREAM_WINDOW + 1
