@@ -3,8 +3,7 @@ the page layer's ``TransferEngine`` (``get_into`` into its staging, every page v
 under ``pages.pageio``'s one corrupt-page policy), then the verdict split per request.
 
 Owns the plan of a batch (which request's block takes which fetched row) and its split. Must
-not write KV tensors (the worker scatters on the model runner's thread) or decide what vLLM
-does with a failure.
+not write KV tensors (the worker does) or decide what vLLM does with a failure.
 """
 
 from __future__ import annotations
@@ -69,7 +68,10 @@ class FetchedBatch:
             header), so a page is never copied before it is scattered.
         bad_keys: keys whose stored value was present but bad (deleted from the store).
         job: the LOAD job (no lander): its staging stays held until ``release``.
-        read_s: how long the job read and verified its pages.
+        read_s: how long the job read and verified its pages (and landed them, when
+            ``landed``).
+        landed: the verified pages are in the blocks already (landed chunk by chunk on the
+            I/O threads during the read: a CPU engine's); ``landed_s`` seconds went to it.
         done_at: ``time.perf_counter()`` when the job ended (the scatter waits from then on
             for the model runner's next ``get_finished``).
     """
@@ -79,6 +81,8 @@ class FetchedBatch:
     bad_keys: list[str] = field(default_factory=list)
     job: Job | None = None
     read_s: float = 0.0
+    landed: bool = False
+    landed_s: float = 0.0
     done_at: float = 0.0
 
     def release(self, engine: TransferEngine) -> None:
@@ -116,6 +120,16 @@ class LoadPlan:
                 per_group.append((g.group_id, g.block_ids, wanted))
             rows.append(per_group)
         return cls(list(jobs), rows, {gid: seen for gid, seen in index.items() if seen})
+
+    def blocks_by_row(self) -> dict[int, list[list[int]]]:
+        """Per group with pages, per fetched row the blocks it lands in (one row may land in
+        several requests' blocks)."""
+        out = {gid: [[] for _ in seen] for gid, seen in self.keys.items()}
+        for per_group in self.rows:
+            for gid, block_ids, wanted in per_group:
+                for block_id, row in zip(block_ids, wanted, strict=True):
+                    out[gid][row].append(block_id)
+        return out
 
     def pools(self, codecs: Mapping[int, pageio.Codec]) -> list[tuple[pageio.Codec, list[str]]]:
         """``(codec, keys)`` per group with pages, in the order of the job's parts."""

@@ -126,19 +126,24 @@ class PagedGroup:
                 f"row per block: got {tuple(pages.shape)} {pages.dtype}, {n} blocks, rows "
                 f"{rows[:8]}"
             )
+        if not n:
+            return
         src = _on_device(pages, self.device).view(-1, self.num_layers, self.layer_page_bytes)
-        idx = torch.as_tensor(block_ids, dtype=torch.int64).to(self.device)
         on_cpu = self.device.type == "cpu"
+        if on_cpu and self.block_contiguous:
+            # NOTE: CPU index_copy_ moves bytes one element at a time (~0.7 GB/s measured);
+            # one row copy per block is a memcpy each (~4x faster on 64 KiB rows), reading the
+            # staging row in place. All of them go in one call, which lets go of the GIL once:
+            # on an I/O thread beside vLLM's busy engine loop, each copy_ of a loop waited for
+            # the GIL again (a 189 MB load: 0.08 s -> 0.35 s, measured).
+            dst = [flat[b] for flat in self._flat for b in block_ids]  # type: ignore[index]
+            layers = [src[:, layer] for layer in range(self.num_layers)]
+            torch._foreach_copy_(dst, [layer_src[r] for layer_src in layers for r in rows])
+            return
+        idx = torch.as_tensor(block_ids, dtype=torch.int64).to(self.device)
         picked = None if on_cpu else torch.as_tensor(rows, dtype=torch.int64).to(self.device)
         for layer, (view, flat) in enumerate(zip(self._views, self._flat)):
             layer_src = src[:, layer]
-            if flat is not None and on_cpu:
-                # NOTE: CPU index_copy_ moves bytes one element at a time (~0.7 GB/s measured);
-                # one row copy per block is a memcpy each (~4x faster on 64 KiB rows), and it
-                # reads the staging row in place.
-                for block_id, row in zip(block_ids, rows):
-                    flat[block_id].copy_(layer_src[row])
-                continue
             chosen = layer_src[rows] if picked is None else layer_src.index_select(0, picked)
             if flat is None:
                 values = chosen.contiguous().view(self.dtype)

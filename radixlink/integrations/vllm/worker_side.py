@@ -2,9 +2,16 @@
 the store, as jobs of the page layer's ``TransferEngine`` (its I/O threads, close budget, stats
 and corrupt-page policy), with completions drained on the model runner's thread.
 
-Owns the codecs, the in-flight save budget and the finished loads of one worker. Device writes
-happen only on the caller's thread (``transfer_results``), so they are ordered with the model's
-own kernels: a LOAD job has no lander, its verified frames wait in staging for the scatter.
+Owns the codecs, the in-flight save budget and the finished loads of one worker. Where a load's
+pages land depends on where the KV lives:
+
+- on the host (a CPU engine), each chunk of verified pages is copied into its blocks on the
+  thread that checked it, while the next chunk is read (``ChunkLanding``): vLLM gives a loading
+  request's blocks to no one else and runs nothing on them until the load is reported
+  finished, so the copies need no ordering with the model;
+- on a device, writes happen only on the model runner's thread (``transfer_results``), ordered
+  with the model's own kernels: the verified frames wait in staging for the scatter.
+
 Never raises across threads: a failed load is a load error.
 """
 
@@ -26,7 +33,7 @@ from radixlink.integrations.vllm.metadata import GroupPages, PageJob
 from radixlink.integrations.vllm.pages import PagedGroup
 from radixlink.integrations.vllm.reports import WorkerReports
 from radixlink.pages import pageio
-from radixlink.pages.engine import Completion, Job, TransferEngine, TransferKind
+from radixlink.pages.engine import Completion, Job, Stream, TransferEngine, TransferKind
 from radixlink.pages.staging import StagingArena
 from radixlink.stores.base import Store
 
@@ -117,6 +124,8 @@ class WorkerSide:
         if any(g.device.type == "cuda" for g in groups.values()) and not arena.pinned:
             # NOTE: before any job (register precedes the first step): no staging is out
             self._engine.arena = StagingArena(pinned=True, max_cached_bytes=arena.max_cached_bytes)
+        elif all(g.device.type == "cpu" for g in groups.values()):
+            self._engine.reserve_stream(list(self._codecs.values()))
 
     @property
     def registered(self) -> bool:
@@ -152,21 +161,28 @@ class WorkerSide:
 
     def start_loads(self, jobs: Sequence[PageJob]) -> None:
         """Queue this step's loads as one LOAD job of the engine (store reads and verify on
-        its I/O threads; no device writes): each distinct page once, into staging held until
-        ``transfer_results`` scattered it."""
+        its I/O threads): each distinct page once, into staging held until the job's pages
+        landed: chunk by chunk on those threads for host KV, else by ``transfer_results``."""
         if not jobs:
             return
         plan = LoadPlan.of(jobs, list(self._codecs), self._keys)
         if not plan.keys:
             self._done.put(plan.split(None, None))
             return
-        try:
-            staging, parts = pageio.stage_pages(self._engine.arena, plan.pools(self._codecs))
-        except Exception as exc:  # noqa: BLE001 - no staging: every load fails, none raises
-            self._done.put(plan.failed(f"{type(exc).__name__}: {exc}"))
-            return
-        job = Job(kind=TransferKind.LOAD, parts=parts, staging=staging)
-        job.done = functools.partial(self._loaded, plan, job)
+        landing = None
+        if self._groups and all(g.device.type == "cpu" for g in self._groups.values()):
+            landing = ChunkLanding(self._groups, plan)
+            job = Job(kind=TransferKind.LOAD, parts=(),
+                      stream=Stream(plan.pools(self._codecs), landing.land))
+        else:
+            try:
+                staging, parts = pageio.stage_pages(self._engine.arena,
+                                                    plan.pools(self._codecs))
+            except Exception as exc:  # noqa: BLE001 - no staging: every load fails, none raises
+                self._done.put(plan.failed(f"{type(exc).__name__}: {exc}"))
+                return
+            job = Job(kind=TransferKind.LOAD, parts=parts, staging=staging)
+        job.done = functools.partial(self._loaded, plan, job, landing)
         try:
             self._engine.submit(job)
         except ValueError as exc:  # NOTE: closed: the staging goes back, the loads fail
@@ -256,9 +272,10 @@ class WorkerSide:
 
     def _finish_batch(self, batch: FetchedBatch) -> None:
         """Scatter each request's verified pages (skipped for a request vLLM recomputes
-        whole), log each failed load once, then give the staging back. One INFO line per
-        batch that scattered pages: how long the read and verify, the wait for this thread,
-        and the scatter took (``bench vllm`` reads it)."""
+        whole, and for a batch landed during its read), log each failed load once, then give
+        the staging back. One INFO line per batch that loaded pages: how long the read and
+        verify (with the landing in it) took, the wait for this thread, and the scatter here
+        (``bench vllm`` reads it)."""
         start, pages, nbytes = time.perf_counter(), 0, 0
         try:
             for load in batch.requests:
@@ -269,7 +286,8 @@ class WorkerSide:
                 try:
                     for gid, block_ids, rows in load.pages:
                         group = self._groups[gid]
-                        group.scatter(block_ids, batch.payloads[gid], rows)
+                        if not batch.landed:
+                            group.scatter(block_ids, batch.payloads[gid], rows)
                         pages += len(block_ids)
                         nbytes += len(block_ids) * group.page_bytes
                 except Exception as exc:  # noqa: BLE001 - never into vLLM's worker: the load
@@ -282,10 +300,10 @@ class WorkerSide:
         if pages:
             with self._lock:
                 self._counts["loaded_pages"] += pages
-            logger.info("radixlink load batch: %d pages, %d bytes; read and verified in %.4f s, "
-                        "waited %.4f s for the model runner, scattered in %.4f s", pages,
-                        nbytes, batch.read_s, start - batch.done_at,
-                        time.perf_counter() - start)
+            logger.info("radixlink load batch: %d pages, %d bytes; read and verified in %.4f s "
+                        "(%.4f s of copies into the blocks during it), waited %.4f s for the "
+                        "model runner, scattered in %.4f s", pages, nbytes, batch.read_s,
+                        batch.landed_s, start - batch.done_at, time.perf_counter() - start)
 
     def _fail(self, load: RequestLoad) -> None:
         with self._lock:
@@ -294,12 +312,16 @@ class WorkerSide:
         logger.warning("radixlink load of request %s failed: %s; %d verified leading pages "
                        "kept, the rest is recomputed", load.req_id, load.describe(), kept)
 
-    def _loaded(self, plan: LoadPlan, job: Job, done: Completion) -> None:
+    def _loaded(self, plan: LoadPlan, job: Job, landing: ChunkLanding | None,
+                done: Completion) -> None:
         """A LOAD job completed (I/O thread): split its verdict per request, report it, and
-        queue it for the scatter (its staging stays held until then). Total: a failure here
-        fails every load of the step (vLLM recomputes them) rather than leave them unfinished."""
+        queue it for ``transfer_results`` (its staging stays held until then). Total: a
+        failure here fails every load of the step (vLLM recomputes them) rather than leave them
+        unfinished."""
         try:
             batch = plan.split(job, done)
+            if landing is not None and done.read is not None:
+                batch.landed, batch.landed_s = True, sum(landing.seconds)
             if done.read is not None and self.reports is not None:
                 self.reports.after_read(plan.jobs, batch)
         except Exception as exc:  # noqa: BLE001 - on the I/O thread: the loads must still end
@@ -354,6 +376,37 @@ class WorkerSide:
 
     def _keys(self, job: PageJob, group_id: int, hashes: Sequence[str]) -> list[str]:
         return self._scheme.keys(self._layouts[group_id], hashes, self._rank, job.cache_salt)
+
+
+class ChunkLanding:
+    """Copies each verified chunk of a streamed load into its blocks, on the thread that
+    checked it (host KV only; see the module docstring): a CPU worker's ``Stream.land``. A bad
+    page is not copied; the split reports its blocks bad.
+
+    Args:
+        groups: the worker's groups by id.
+        plan: the batch's plan (which row lands in which blocks; its pools are the stream's).
+    """
+
+    def __init__(self, groups: Mapping[int, PagedGroup], plan: LoadPlan):
+        by_row = plan.blocks_by_row()
+        self._targets = [(groups[gid], by_row[gid]) for gid in plan.keys]
+        self.seconds: list[float] = []  # NOTE: appended from several verify threads
+
+    def land(self, spans: Sequence[pageio.Span], piece: Sequence[pageio.PageFrames],
+             read: pageio.ReadResult) -> None:
+        start, page = time.perf_counter(), 0
+        for (pool, first, count), part in zip(spans, piece, strict=True):
+            group, by_row = self._targets[pool]
+            blocks, rows = [], []
+            for row in range(count):
+                if read.reasons[page + row] is None:
+                    blocks += by_row[first + row]
+                    rows += [row] * len(by_row[first + row])
+            page += count
+            if blocks:
+                group.scatter(blocks, part.frames.payloads(), rows)
+        self.seconds.append(time.perf_counter() - start)
 
 
 def _by_block(tensor: torch.Tensor, num_blocks: int) -> torch.Tensor:

@@ -3,6 +3,7 @@ loaded by another; every scheduled token's KV is checked against the storing nod
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -82,6 +83,34 @@ def test_chunked_prefill_saves_and_loads_every_chunk(nodes, model_dir, file_url)
     node2 = nodes(model_dir, file_url, max_batched=32)
     node2.add("b", prompt)
     assert _first_run(node2, "b") == (192, 8)
+    node2.run()
+    node2.assert_no_leak()
+
+
+def test_a_cpu_worker_streams_a_load_through_the_staging_it_reserved_at_startup(
+        nodes, model_dir, file_url, monkeypatch):
+    """On host KV a load is streamed: each chunk (one page here) is read into one of the
+    staging buffers the worker reserved when it registered its KV caches, verified, and
+    copied into its blocks (on a verify thread while the next is read, given a second core).
+    A 12-page load allocates no staging of its own and lands every page: node 2 computes
+    only the last 8 tokens, with node 1's KV."""
+    from radixlink.pages import engine
+
+    monkeypatch.setattr(engine, "CHUNK_BYTES", 1)  # NOTE: at least one page: a page a chunk
+    prompt = _prompt(5, 200)
+    node1 = nodes(model_dir, file_url)
+    node1.add("a", prompt)
+    node1.run()
+    node2 = nodes(model_dir, file_url)
+    worker = node2.workers[0].worker
+    reserved = worker.staging_stats()
+    one_core = len(os.sched_getaffinity(0)) == 1  # NOTE: one core: one chunk at a time
+    assert reserved["staging_allocs"] == (1 if one_core else engine.STREAM_WINDOW + 1)
+    node2.add("b", prompt)
+    assert _first_run(node2, "b") == (192, 8)
+    assert worker.stats["loaded_pages"] == 12
+    assert worker.staging_stats()["staging_allocs"] == reserved["staging_allocs"]
+    assert worker.staging_stats()["staging_reuses"] >= 12
     node2.run()
     node2.assert_no_leak()
 
