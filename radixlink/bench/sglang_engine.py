@@ -8,7 +8,7 @@ an empty store against no store; then each store engine empties its tree and ser
 again (a store hit); then device-tree hits. Reports TTFT per case (median over rounds), the
 cold-run cost, and the load rate inside the engine (the linker's and the backend's own
 per-batch log lines: read + verify, and landing) against a raw batched read of the same pages
-from the same store. Needs .venv-sglang-cpu and the stand-ins on PYTHONPATH:
+from the same store (``load_floor``). Needs .venv-sglang-cpu and the stand-ins on PYTHONPATH:
 ``PYTHONPATH=tests/engines/sglang_cpu/standins .venv-sglang-cpu/bin/radixlink bench sglang``.
 """
 
@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from radixlink.bench.load_floor import raw_rates
 from radixlink.cmdargs import CommandParser, int_at_least
 
 CASES = ("recompute", "linker cold", "hicache cold", "linker store hit", "hicache store hit",
@@ -60,23 +61,6 @@ def _loads(log: str) -> dict[str, float]:
         read_s += float(read)
         land_s += float(land)
     return {"pages": pages, "bytes": nbytes, "read_s": read_s, "land_s": land_s}
-
-
-def _raw_read(url: str, batch_pages: int, repeat: int = 3) -> dict[str, float]:
-    """The best of ``repeat`` batched reads of every page in the store (``batch_pages`` per
-    ``get``): what the engine's loads read, without verification or landing."""
-    from radixlink.stores import open_store
-
-    with open_store(url) as store:
-        keys = sorted(key for key, _ in store.scan())
-        best, nbytes = float("inf"), 0
-        for _ in range(repeat):
-            start = time.perf_counter()
-            nbytes = 0
-            for i in range(0, len(keys), batch_pages):
-                nbytes += sum(len(b or b"") for b in store.get(keys[i:i + batch_pages]))
-            best = min(best, time.perf_counter() - start)
-    return {"pages": len(keys), "bytes": nbytes, "s": best}
 
 
 def _round(nodes: dict[str, Any], prompt: list[int], new_tokens: int, flip: bool,
@@ -135,8 +119,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             identical &= len(outs) == 1
         loads = {n: _loads(nodes[n].log_tail(10**7)[logs_before[n]:])
                  for n in ("linker", "hicache")}
-        per_batch = max(1, int(loads["linker"]["pages"] / max(1, args.rounds)))
-        raw = {n: _raw_read(url, per_batch) for n, url in stores.items()}
+        raw = {n: raw_rates(url) for n, url in stores.items()}
     finally:
         for node in nodes.values():
             node.close()
@@ -160,12 +143,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _rates(load: dict[str, float], raw: dict[str, float]) -> dict[str, float]:
+def _rates(load: dict[str, float], raw: dict[str, Any]) -> dict[str, Any]:
     gbps = (lambda b, s: round(b / s / 1e9, 3) if s > 0 else 0.0)  # noqa: E731
+    landed = gbps(load["bytes"], load["read_s"] + load["land_s"])
     return {"pages": load["pages"], "MB": round(load["bytes"] / 1e6, 2),
             "read_verify_GBps": gbps(load["bytes"], load["read_s"]),
-            "read_verify_land_GBps": gbps(load["bytes"], load["read_s"] + load["land_s"]),
-            "raw_read_GBps": gbps(raw["bytes"], raw["s"])}
+            "read_verify_land_GBps": landed, "raw_read_GBps": raw["read_GBps"],
+            "memcpy_GBps": raw["memcpy_GBps"], "one_core": raw["one_core"],
+            "vs_raw_read": round(landed / raw["read_GBps"], 3)}
 
 
 def main(argv: list[str]) -> int:
@@ -193,8 +178,10 @@ def main(argv: list[str]) -> int:
               f"than recompute, {result['store_hit_vs_device_hit_ttft'][p_name]}x a device hit; "
               f"cold run {result['cold_vs_no_store_ttft'][p_name]}x the TTFT without a store; "
               f"loads {load['MB']} MB at {load['read_verify_GBps']} GB/s read+verify, "
-              f"{load['read_verify_land_GBps']} GB/s with landing; raw read of the same store "
-              f"{load['raw_read_GBps']} GB/s")
+              f"{load['read_verify_land_GBps']} GB/s with landing ({load['vs_raw_read']}x a raw "
+              f"read of the same store, {load['raw_read_GBps']} GB/s; memcpy "
+              f"{load['memcpy_GBps']} GB/s; read, check and copy each alone on one core: "
+              f"{load['one_core']['bound_GBps']} GB/s)")
     print(f"outputs identical across cases: {result['outputs_identical_across_cases']}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,8 @@ Per connector: a writer engine serves ``groups`` groups of prompts sharing a pre
 saves), then stops; a fresh reader engine, on the writer's store, serves the first prompt of
 each group (a store hit with a cold device cache: the first store hit's TTFT) and then the
 others. The two writers run side by side, then the two readers, requests alternating which
-connector goes first (for the first hits: by group). Outputs are checked against the
+connector goes first (for the first hits: by group), each reader request after ``IDLE_S`` of
+quiet. Outputs are checked against the
 writer's (greedy, fp32).
 
 Owns this part of `radixlink bench vllm`; the engines are ``nodes.VllmNode``.
@@ -15,11 +16,17 @@ Owns this part of `radixlink bench vllm`; the engines are ``nodes.VllmNode``.
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 EXAMPLE = "ExampleConnector"
+IDLE_S = 1.5
+"""The pause before each timed request: vLLM's worker spins on its shared-memory queue for 1 s
+after its last message (``shm_broadcast``'s ``busy_loop_s``), and both engines' workers are
+bound to the same core here, so a request sent right after the other engine's ran against that
+spin: first hits took 0.5 s or 0.05 s by that alone, for either connector."""
 
 
 def _store_bytes(root: Path) -> int:
@@ -60,6 +67,8 @@ def run(model: str, tmp: Path, prompts: list[list[list[int]]], new_tokens: int,
                     # NOTE: alternate who goes first, first hits included (by group)
                     for name in names[:: 1 if (g + i) % 2 == 0 else -1]:
                         node = started[name]
+                        if phase == "reader":
+                            time.sleep(IDLE_S)
                         result = node.generate([prompt], new_tokens)["results"][0]
                         if phase == "writer":
                             outputs[name][g, i] = result["output_ids"]

@@ -88,7 +88,7 @@ def test_chunked_prefill_saves_and_loads_every_chunk(nodes, model_dir, file_url)
 
 
 def test_a_cpu_worker_streams_a_load_through_the_staging_it_reserved_at_startup(
-        nodes, model_dir, file_url, monkeypatch):
+        nodes, model_dir, file_url, monkeypatch, caplog):
     """On host KV a load is streamed: each chunk (one page here) is read into one of the
     staging buffers the worker reserved when it registered its KV caches, verified, and
     copied into its blocks (on a verify thread while the next is read, given a second core).
@@ -97,6 +97,7 @@ def test_a_cpu_worker_streams_a_load_through_the_staging_it_reserved_at_startup(
     from radixlink.pages import engine
 
     monkeypatch.setattr(engine, "CHUNK_BYTES", 1)  # NOTE: at least one page: a page a chunk
+    caplog.set_level("INFO", logger="radixlink")
     prompt = _prompt(5, 200)
     node1 = nodes(model_dir, file_url)
     node1.add("a", prompt)
@@ -113,6 +114,10 @@ def test_a_cpu_worker_streams_a_load_through_the_staging_it_reserved_at_startup(
     assert worker.staging_stats()["staging_reuses"] >= 12
     node2.run()
     node2.assert_no_leak()
+    # NOTE: the batch's log line is what `bench vllm` reads
+    from radixlink.bench.vllm_load import batches
+
+    assert [(b["pages"], b["scatter_s"]) for b in batches(caplog.text)] == [(12, 0.0)]
 
 
 def test_preempted_request_resumes_with_correct_kv(nodes, model_dir, file_url):

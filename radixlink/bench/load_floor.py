@@ -1,0 +1,69 @@
+"""What loading a store's pages costs with no engine around it (``bench vllm``'s and ``bench
+sglang``'s denominators): one batched ``get_into`` of every page into one buffer, a memcpy of
+those bytes, and each pass a load makes timed alone on one core.
+
+Owns these measurements; the in-engine rates are the engine benches'.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+def raw_rates(url: str, repeat: int = 3) -> dict[str, Any]:
+    """GB/s of the best of ``repeat`` batched ``get_into`` of every page in the store into one
+    buffer (what a load reads, without verify or scatter), and of a memcpy of those bytes.
+
+    Also the passes a load makes, each timed alone on one core (vLLM's CPU worker runs on
+    the cores its OMP threads are bound to: one here, with one reserved), and the bound they
+    set together: the read, the check (xxh3, or the keyed BLAKE3 tag of a sealed store) of
+    every page, and the copy into 4 KiB-paged memory as vLLM's KV blocks are."""
+    import os
+
+    import torch
+
+    from radixlink.stores import open_store
+    from radixlink.stores.seal import Sealer
+
+    with open_store(url) as store:
+        keys = sorted(key for key, _ in store.scan())
+        sizes = [len(v or b"") for v in store.get(keys[:1])]
+        size = sizes[0]
+        buf = np.empty(len(keys) * size, dtype=np.uint8)
+        views = [memoryview(buf)[i * size:(i + 1) * size] for i in range(len(keys))]
+        read = min(_timed(lambda: store.get_into(keys, views)) for _ in range(repeat))
+        secret = store.page_secret
+        allowed = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {min(allowed)})  # NOTE: this thread only, restored below
+        try:
+            one_read = min(_timed(lambda: store.get_into(keys, views)) for _ in range(repeat))
+            if secret is not None:
+                sealer = Sealer(secret)
+                check = lambda: [sealer.tag(k, v) for k, v in zip(keys, views)]  # noqa: E731
+            else:
+                import xxhash
+
+                check = lambda: [xxhash.xxh3_64_intdigest(v) for v in views]  # noqa: E731
+            one_check = min(_timed(check) for _ in range(repeat))
+            blocks = torch.empty(buf.nbytes, dtype=torch.uint8)  # NOTE: 4 KiB pages, as vLLM's
+            src = torch.from_numpy(buf)
+            one_copy = min(_timed(lambda: blocks.copy_(src)) for _ in range(repeat + 1))
+        finally:
+            os.sched_setaffinity(0, allowed)
+    dst = np.empty_like(buf)
+    copy = min(_timed(lambda: np.copyto(dst, buf)) for _ in range(repeat))
+    gbps = lambda seconds: round(buf.nbytes / seconds / 1e9, 2)  # noqa: E731
+    return {"bytes": int(buf.nbytes), "read_GBps": gbps(read), "memcpy_GBps": gbps(copy),
+            "one_core": {"read_GBps": gbps(one_read), "check_GBps": gbps(one_check),
+                         "copy_GBps": gbps(one_copy),
+                         "bound_GBps": gbps(one_read + one_check + one_copy)}}
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
