@@ -36,6 +36,32 @@ def _save(store: MemoryStore, codec: pageio.Codec, keys: list[str], data: torch.
         arena.release(*staging)
 
 
+class _FailingRead(MemoryStore):
+    """A memory store whose ``fail_at``-th ``get_into`` raises (0: none does)."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__(1 << 20)
+        self.fail_at, self.reads = fail_at, 0
+
+    def get_into(self, keys, buffers):  # type: ignore[no-untyped-def]
+        self.reads += 1
+        if self.reads == self.fail_at:
+            raise OSError("the store went away")
+        return super().get_into(keys, buffers)
+
+
+def _two_pools(store: MemoryStore, arena: StagingArena
+               ) -> tuple[list[pageio.Codec], list[list[str]], list[torch.Tensor]]:
+    """Two pools saved to ``store``: 6 KV pages and 3 SWA pages (codecs, keys, payloads)."""
+    codecs = [pageio.make_codec("fp", PAGE), pageio.make_codec("fp2", PAGE)]
+    keys = [PageKeys().keys(PoolName.KV, HASHES, "ab"),
+            PageKeys().keys(PoolName.SWA, HASHES[:3], "ab")]
+    data = [_pages(6, seed=1), _pages(3, seed=2)]
+    for codec, k, d in zip(codecs, keys, data):
+        assert _save(store, codec, k, d, arena).ok
+    return codecs, keys, data
+
+
 def _damage(store: MemoryStore, keys: list[str]) -> None:
     """Page 1: a payload byte flipped; page 4: cut short; page 5: gone."""
     flipped = bytearray(store.get([keys[1]])[0])
@@ -150,12 +176,7 @@ def test_a_load_read_in_chunks_has_the_verdict_order_and_bytes_of_one_read(
     from radixlink.pages.engine import Job, TransferEngine, TransferKind, TransferStatus
 
     store, arena = MemoryStore(1 << 20), StagingArena()
-    codecs = [pageio.make_codec("fp", PAGE), pageio.make_codec("fp2", PAGE)]
-    keys = [PageKeys().keys(PoolName.KV, HASHES, "ab"),
-            PageKeys().keys(PoolName.SWA, HASHES[:3], "ab")]
-    data = [_pages(6, seed=1), _pages(3, seed=2)]
-    for codec, k, d in zip(codecs, keys, data):
-        assert _save(store, codec, k, d, arena).ok
+    codecs, keys, data = _two_pools(store, arena)
     staging, parts = pageio.stage_pages(arena, list(zip(codecs, keys)))
     monkeypatch.setattr(engine_module, "CHUNK_BYTES", chunk_pages * parts[0].frames.stride)
     engine = TransferEngine(store, 2, arena)
@@ -193,16 +214,7 @@ def test_a_chunked_load_whose_read_fails_returns_only_once_no_chunk_is_being_ver
     from radixlink.pages import engine as engine_module
     from radixlink.pages.engine import Job, TransferEngine, TransferKind, TransferStatus
 
-    class FailingSecondRead(MemoryStore):
-        reads = 0
-
-        def get_into(self, keys, buffers):  # type: ignore[no-untyped-def]
-            self.reads += 1
-            if self.reads == 2:
-                raise OSError("the store went away")
-            return super().get_into(keys, buffers)
-
-    store, arena = FailingSecondRead(1 << 20), StagingArena()
+    store, arena = _FailingRead(2), StagingArena()
     codec = pageio.make_codec("fp", PAGE)
     keys = PageKeys().keys(PoolName.KV, HASHES, "ab")
     assert _save(store, codec, keys, _pages(6, seed=1), arena).ok
@@ -299,12 +311,7 @@ def _stream_and_check(chunk_pages: int, one_core: bool,
     from radixlink.pages.engine import TransferStatus
 
     store, arena = MemoryStore(1 << 20), _CountingArena()
-    codecs = [pageio.make_codec("fp", PAGE), pageio.make_codec("fp2", PAGE)]
-    keys = [PageKeys().keys(PoolName.KV, HASHES, "ab"),
-            PageKeys().keys(PoolName.SWA, HASHES[:3], "ab")]
-    data = [_pages(6, seed=1), _pages(3, seed=2)]
-    for codec, k, d in zip(codecs, keys, data):
-        assert _save(store, codec, k, d, arena).ok
+    codecs, keys, data = _two_pools(store, arena)
     stride = frame_stride(codecs[0].frame_bytes)
     monkeypatch.setattr(engine_module, "CHUNK_BYTES", chunk_pages * stride)
     done, rows, landed, threaded = _streamed(store, codecs, keys, arena)
@@ -337,16 +344,7 @@ def test_a_streamed_load_that_fails_gives_every_chunks_staging_back(
     from radixlink.pages import engine as engine_module
     from radixlink.pages.engine import TransferStatus
 
-    class FailingThirdRead(MemoryStore):
-        reads = 0
-
-        def get_into(self, keys, buffers):  # type: ignore[no-untyped-def]
-            self.reads += 1
-            if failure == "store" and self.reads == 3:
-                raise OSError("the store went away")
-            return super().get_into(keys, buffers)
-
-    store, arena = FailingThirdRead(1 << 20), _CountingArena()
+    store, arena = _FailingRead(3 if failure == "store" else 0), _CountingArena()
     codec = pageio.make_codec("fp", PAGE)
     keys = PageKeys().keys(PoolName.KV, HASHES, "ab")
     assert _save(store, codec, keys, _pages(6, seed=1), arena).ok
