@@ -118,6 +118,13 @@ class Stream:
                              for codec, keys in self.pools], CHUNK_BYTES)
 
 
+def chunk_bytes(codecs: Sequence[pageio.PageCodec]) -> int:
+    """The staging of a full chunk of the largest of these pools: what every chunk of a
+    streamed load over them asks for (0: no pools)."""
+    return max((frames_bytes([(max(1, CHUNK_BYTES // frame_stride(c.frame_bytes)),
+                               c.page_bytes, c.frame_bytes)]) for c in codecs), default=0)
+
+
 @dataclass(slots=True, kw_only=True)
 class Job:
     """One batch of pages to move.
@@ -236,10 +243,8 @@ class TransferEngine:
         """Fault in the most staging a streamed load of these pools holds at once
         (``STREAM_WINDOW`` + 1 chunks; one on one core), so a fresh process's first load
         touches no new memory."""
-        sizes = [frames_bytes([(max(1, CHUNK_BYTES // frame_stride(c.frame_bytes)),
-                                c.page_bytes, c.frame_bytes)]) for c in codecs]
-        if sizes:
-            self.arena.reserve(max(sizes), 1 if _one_core() else STREAM_WINDOW + 1)
+        if codecs:
+            self.arena.reserve(chunk_bytes(codecs), 1 if _one_core() else STREAM_WINDOW + 1)
 
     def cancel(self, job_id: int) -> None:
         """Ask a job not to land (a load then completes as CANCELLED; its pages still count
@@ -400,6 +405,7 @@ class TransferEngine:
         thread while the next one is read (one chunk, or one core: each in turn here); a chunk
         is read once no more than ``STREAM_WINDOW`` earlier ones are still out."""
         reads = stream.spans()
+        size = chunk_bytes([codec for codec, _ in stream.pools])
         parallel = len(reads) > 1 and not _one_core()
         checks: list[Callable[[], pageio.ReadResult]] = []
         try:
@@ -408,7 +414,7 @@ class TransferEngine:
                     checks[k - STREAM_WINDOW]()  # NOTE: bounds the staging out at once
                 staging, piece = pageio.stage_pages(self.arena, [
                     (stream.pools[pool][0], stream.pools[pool][1][first : first + count])
-                    for pool, first, count in spans])  # fmt: skip
+                    for pool, first, count in spans], size)  # fmt: skip
                 try:
                     fetched = pageio.fetch(self.store, piece)
                 except BaseException:

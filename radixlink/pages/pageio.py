@@ -145,15 +145,16 @@ class ReadResult:
         return out
 
 
-def stage_pages(arena: StagingArena, pools: Sequence[tuple[PageCodec, Sequence[str]]]
-                ) -> tuple[tuple[Any, memoryview], list[PageFrames]]:
-    """Staging from ``arena`` for ``(codec, keys)`` per pool: one buffer, one ``PageFrames``
-    per pool. Give it back with ``arena.release(*staging)`` once its pages are written, or
-    landed."""
+def stage_pages(arena: StagingArena, pools: Sequence[tuple[PageCodec, Sequence[str]]],
+                min_bytes: int = 0) -> tuple[tuple[Any, memoryview], list[PageFrames]]:
+    """Staging from ``arena`` for ``(codec, keys)`` per pool: one buffer (of at least
+    ``min_bytes``: every chunk of a streamed load asks for one size, so a short last chunk
+    reuses the buffers the others did), one ``PageFrames`` per pool. Give it back with
+    ``arena.release(*staging)`` once its pages are written, or landed."""
     sizes = []
     for codec, keys in pools:
         sizes.append((len(keys), codec.page_bytes, codec.frame_bytes))
-    staging = arena.acquire(frames_bytes(sizes))
+    staging = arena.acquire(max(min_bytes, frames_bytes(sizes)))
     parts = []
     for (codec, keys), frames in zip(pools, layout_frames(staging[0], staging[1], sizes)):
         parts.append(PageFrames(codec, keys, frames))

@@ -361,3 +361,37 @@ def test_a_streamed_load_that_fails_gives_every_chunks_staging_back(
     assert done.status is TransferStatus.STORE_ERROR
     assert ("went away" if failure == "store" else "landing bug") in done.detail
     assert arena.out == 0 and arena.most <= engine_module.STREAM_WINDOW + 1
+
+
+def test_every_chunk_of_a_streamed_load_reuses_the_reserved_staging(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``reserve_stream`` faults in the staging of a full chunk; a load of 5 pages in chunks
+    of 2 then allocates nothing, its short last chunk included (a buffer of half the size
+    would be a new allocation, faulted in on the load's path)."""
+    from radixlink.pages import engine as engine_module
+    from radixlink.pages.engine import Job, Stream, TransferEngine, TransferKind
+
+    page = 256 << 10
+    store, arena = MemoryStore(16 << 20), StagingArena()
+    codec = pageio.make_codec("fp", page)
+    keys = PageKeys().keys(PoolName.KV, HASHES[:5], "ab")
+    gen = torch.Generator().manual_seed(3)
+    data = torch.randint(0, 256, (5, page), dtype=torch.uint8, generator=gen)
+    assert _save(store, codec, keys, data, arena).ok
+    monkeypatch.setattr(engine_module, "CHUNK_BYTES", 2 * frame_stride(codec.frame_bytes))
+    engine = TransferEngine(store, 2, arena)
+    try:
+        engine.reserve_stream([codec])
+        reserved = arena.stats()["staging_allocs"]
+        rows = torch.zeros(5, page, dtype=torch.uint8)
+
+        def land(spans, piece, read) -> None:  # type: ignore[no-untyped-def]
+            for (_, first, count), part in zip(spans, piece, strict=True):
+                rows[first : first + count] = part.frames.payloads()
+
+        done = engine.run(Job(kind=TransferKind.LOAD, parts=(),
+                              stream=Stream([(codec, keys)], land)))
+        assert done.ok and torch.equal(rows, data)
+        assert arena.stats()["staging_allocs"] == reserved
+    finally:
+        engine.close()
