@@ -243,8 +243,12 @@ class TransferEngine:
         """Fault in the most staging a streamed load of these pools holds at once
         (``STREAM_WINDOW`` + 1 chunks; one on one core), so a fresh process's first load
         touches no new memory."""
-        if codecs:
-            self.arena.reserve(chunk_bytes(codecs), 1 if _one_core() else STREAM_WINDOW + 1)
+        if not codecs:
+            return
+        nbytes, count = chunk_bytes(codecs), 1 if _one_core() else STREAM_WINDOW + 1
+        if not self.arena.reserve(nbytes, count):
+            logger.warning("radixlink could not reserve %d staging buffers of %d bytes; loads "
+                           "will allocate theirs as they go", count, nbytes)
 
     def cancel(self, job_id: int) -> None:
         """Ask a job not to land (a load then completes as CANCELLED; its pages still count

@@ -136,16 +136,25 @@ class StagingArena:
             buffer = torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
         return buffer, buffer.numpy().data
 
-    def reserve(self, nbytes: int, count: int) -> None:
+    def reserve(self, nbytes: int, count: int) -> bool:
         """Fault ``count`` buffers of ``nbytes`` in now and cache them (as far as
         ``max_cached_bytes`` allows): the first jobs to ask for them then touch no new memory,
         whose page faults can cost more than the read itself (a fresh vLLM CPU worker: 0.7 s
-        for 256 MiB, 11 us per 4 KiB page, measured)."""
-        buffers = [self.acquire(nbytes) for _ in range(count)]
-        for buffer, _ in buffers:
-            buffer.zero_()
-        for buffer in buffers:
-            self.release(*buffer)
+        for 256 MiB, 11 us per 4 KiB page, measured).
+
+        Best effort: False, with nothing held, when the memory could not be had (loads then
+        allocate as they go)."""
+        buffers = []
+        try:
+            for _ in range(count):
+                buffers.append(self.acquire(nbytes))
+                buffers[-1][0].zero_()
+        except (MemoryError, RuntimeError):  # NOTE: torch's CPU allocator raises RuntimeError
+            return False
+        finally:
+            for buffer in buffers:
+                self.release(*buffer)
+        return True
 
     def release(self, buffer: torch.Tensor, view: memoryview) -> None:
         """Give a buffer back (nobody may use it afterwards)."""

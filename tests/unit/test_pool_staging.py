@@ -121,3 +121,25 @@ def test_a_staging_buffer_first_taken_in_inference_mode_is_writable_on_another_t
     thread.join()
     assert not errors, errors
     assert not buffer.is_inference()
+
+
+def test_a_reservation_the_memory_cannot_hold_is_refused_with_nothing_held(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """``reserve`` is a warm-up: where the buffers cannot be had (a 1 PiB one here, which the
+    allocator refuses) it says so and holds nothing, rather than raising into the engine that
+    registered (vLLM's ``register_kv_caches``); the buffers it did get go back."""
+    from radixlink.pages import pageio
+    from radixlink.pages.engine import TransferEngine
+    from radixlink.stores.memory import MemoryStore
+
+    arena = StagingArena(max_cached_bytes=8 << 20)
+    assert not arena.reserve(1 << 50, 1)
+    assert arena.stats()["staging_cached_bytes"] == 0
+    assert arena.reserve(1 << 20, 2) and arena.stats()["staging_cached_bytes"] == 2 << 20
+    engine = TransferEngine(MemoryStore(1 << 20), 1, arena)
+    try:
+        engine.reserve_stream([pageio.make_codec("fp", 1 << 50)])  # no machine holds a page
+    finally:
+        engine.close()
+    assert "could not reserve" in caplog.text
+    assert arena.stats()["staging_cached_bytes"] == 2 << 20
