@@ -22,6 +22,7 @@ import torch
 
 from radixlink.contract import PoolName
 from radixlink.integrations.sglang.settings import SUPPORTED_MODELS
+from radixlink.integrations.sglang.slot_runs import SlotRuns, typed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,6 +31,7 @@ class _Part:
     tensor: torch.Tensor  # [rows, ...], one row per slot
     offset: int  # byte offset of this tensor's rows within a page
     nbytes: int  # bytes of one page's rows
+    row_bytes: int  # bytes of one slot's row
 
 
 class PoolView:
@@ -61,7 +63,8 @@ class PoolView:
             for tensor in layers[layer]:
                 row_bytes = tensor[0].numel() * tensor.element_size()
                 nbytes = row_bytes * rows_per_page
-                parts.append(_Part(layer=layer, tensor=tensor, offset=offset, nbytes=nbytes))
+                parts.append(_Part(layer=layer, tensor=tensor, offset=offset, nbytes=nbytes,
+                                   row_bytes=row_bytes))
                 offset += nbytes
         self._parts = tuple(parts)
         self._by_layer: dict[int, tuple[_Part, ...]] = {
@@ -85,22 +88,35 @@ class PoolView:
         )
         return f"sglang/{self.name.value}/rows={self.rows_per_page}/{shapes}"
 
+    def plan(self, slots: torch.Tensor) -> SlotRuns:
+        """``slots`` planned for ``write_layer``, once for every layer of a load.
+
+        Raises:
+            ValueError: ``slots`` is not a whole number of pages.
+        """
+        try:
+            return SlotRuns.plan(slots, self.rows_per_page,
+                                 min(p.row_bytes for p in self._parts), self.device)
+        except ValueError as exc:
+            raise ValueError(f"pool {self.name.value}: {exc}") from None
+
     def read_pages(self, slots: torch.Tensor) -> torch.Tensor:
         """The pages at ``slots`` as a CPU ``uint8 [num_pages, page_bytes]`` tensor (a copy).
 
         Raises:
             ValueError: ``slots`` is not a whole number of pages.
         """
-        num_pages, index = self._index(slots)
+        planned = self.plan(slots)
+        index = planned.index.reshape(-1)
         chunks = [
-            p.tensor.index_select(0, index).view(torch.uint8).reshape(num_pages, -1).cpu()
+            p.tensor.index_select(0, index).view(torch.uint8).reshape(planned.num_pages, -1).cpu()
             for p in self._parts
         ]  # NOTE: one gather per tensor, every page at once
         return torch.cat(chunks, dim=1)
 
-    def write_layer(self, layer: int, slots: torch.Tensor, pages: torch.Tensor) -> None:
+    def write_layer(self, layer: int, slots: SlotRuns, pages: torch.Tensor) -> None:
         """Scatter layer ``layer`` of ``pages`` (``uint8 [num_pages, page_bytes]``) into
-        ``slots``. A layer this pool has no data in is a no-op.
+        ``slots`` (``plan``). A layer this pool has no data in is a no-op.
 
         Raises:
             ValueError: ``slots`` and ``pages`` disagree on the page count or size.
@@ -108,29 +124,17 @@ class PoolView:
         parts = self._by_layer.get(layer)
         if not parts:
             return
-        num_pages, index = self._index(slots)
-        if tuple(pages.shape) != (num_pages, self.page_bytes):
+        if tuple(pages.shape) != (slots.num_pages, self.page_bytes):
             raise ValueError(
                 f"pool {self.name.value}: pages of shape {tuple(pages.shape)} do not match "
-                f"{num_pages} pages of {self.page_bytes} bytes"
+                f"{slots.num_pages} pages of {self.page_bytes} bytes"
             )
-        # NOTE: each page's rows go straight from its (spaced) staging frame to their slots:
-        # a 2-D index over [page, row] takes the frame as it is, where a 1-D index_copy_
-        # first needed a contiguous copy of every layer (one copy instead of two)
-        rows_index = index.view(num_pages, self.rows_per_page)
+        # NOTE: each page's rows go straight from its (spaced) staging frame to their slots,
+        # as a [page, row] view of the frames: one copy, never a contiguous one first
         for p in parts:
-            data = _as_rows(pages[:, p.offset : p.offset + p.nbytes], p.tensor,
-                            self.rows_per_page)
-            p.tensor.index_put_((rows_index,), data.to(p.tensor.device))
-
-    def _index(self, slots: torch.Tensor) -> tuple[int, torch.Tensor]:
-        flat = slots.reshape(-1)
-        if flat.numel() == 0 or flat.numel() % self.rows_per_page:
-            raise ValueError(
-                f"pool {self.name.value}: {flat.numel()} slots is not a whole number of "
-                f"{self.rows_per_page}-slot pages"
-            )
-        return flat.numel() // self.rows_per_page, flat.to(self.device, torch.int64)
+            data = typed(pages[:, p.offset : p.offset + p.nbytes], p.tensor.dtype,
+                         (slots.num_pages, self.rows_per_page, *p.tensor.shape[1:]))
+            slots.scatter(p.tensor, 0, data)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -209,15 +213,3 @@ def _mamba_view(req_to_token_pool: Any, start: int) -> PoolView:
         for g, i in req_to_token_pool.mamba_map.items()
     }
     return PoolView(PoolName.MAMBA, layers, rows_per_page=1)
-
-
-def _as_rows(pages: torch.Tensor, tensor: torch.Tensor, rows_per_page: int) -> torch.Tensor:
-    """``uint8 [num_pages, rows_per_page * row_bytes]`` pages (rows may be spaced) as
-    ``[num_pages, rows_per_page, *tensor.shape[1:]]`` of ``tensor``'s dtype: a view where the
-    spacing and alignment allow, else a contiguous copy."""
-    shape = (pages.shape[0], rows_per_page, *tensor.shape[1:])
-    try:
-        return pages.view(tensor.dtype).view(shape)
-    except RuntimeError:  # NOTE: a spacing or offset the dtype does not divide
-        return pages.contiguous().view(tensor.dtype).view(shape)
-

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from radixlink.integrations.sglang.slot_runs import SlotRuns, typed
+
 # Per MHA layout: which dim of kv_buffer is indexed (by token slot or by page), and the
 # names of the dims of a selected block once the token dim is split into (page, token).
 _CANONICAL = ("page", "layer", "kv", "token", "head", "dim")
@@ -99,18 +101,21 @@ class HostPages:
             for start, page in zip(starts.tolist(), pages):
                 self.pool.set_from_flat_data_page(int(start), page.contiguous().view(dtype))
             return
-        kv = self.pool.kv_buffer
-        pool = self.pool
-        canonical = pages.contiguous().view(kv.dtype).reshape(
-            len(starts), pool.layer_num, 2, self.page_size, pool.head_num, pool.head_dim
-        )
+        kv, pool = self.pool.kv_buffer, self.pool
+        canonical = typed(pages, kv.dtype, (len(starts), pool.layer_num, 2, self.page_size,
+                                            pool.head_num, pool.head_dim))
         block = canonical.permute(self._from_canonical)
-        if self._indexed == "page":
-            kv.index_copy_(1, starts // self.page_size, block.contiguous())
-            return
+        # NOTE: straight from the (spaced) staging frames into the pool: one copy per run of
+        # consecutive slots where runs are long, else one index_put_, never a contiguous copy
+        row_bytes = pool.head_num * pool.head_dim * kv.element_size()
         page_dim = self._names.index("page")
-        merged = block.flatten(page_dim, page_dim + 1).contiguous()
-        kv.index_copy_(self._token_dim, host_indices.reshape(-1).to(torch.int64), merged)
+        if self._indexed == "page":
+            slots = SlotRuns.plan(starts // self.page_size, 1, row_bytes * self.page_size,
+                                  kv.device)
+            slots.scatter(kv, page_dim, block.unsqueeze(page_dim + 1))
+        else:
+            slots = SlotRuns.plan(host_indices, self.page_size, row_bytes, kv.device)
+            slots.scatter(kv, page_dim, block)
 
     def _select(self, tokens: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
         kv = self.pool.kv_buffer

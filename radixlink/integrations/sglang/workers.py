@@ -166,6 +166,7 @@ class LayerLanding:
         self.index = index
         self.moves = list(moves)
         self._pages = [f.payloads() for f in frames]
+        self._slots = [m.view.plan(m.slots) for m in self.moves]  # NOTE: once, not per layer
         self._counter = counter
         self._num_layers = num_layers
         self._sync = sync
@@ -180,8 +181,8 @@ class LayerLanding:
             for layer in range(self._num_layers):
                 if layer and cancelled():
                     return False
-                for move, data in zip(self.moves, self._pages):
-                    move.view.write_layer(layer, move.slots, data)
+                for move, slots, data in zip(self.moves, self._slots, self._pages):
+                    move.view.write_layer(layer, slots, data)
                 self._sync()
                 self._counter.complete(self.index, layer)
             return True
