@@ -6,10 +6,8 @@ pool by pool, between staging frames (``pages.staging``) and the store, in stage
            (``Job.land`` writes the verified payloads into the pools on the I/O thread; a job
            with no lander leaves them to its caller, staging held until ``release``)
     STREAM get_into a chunk's own staging -> verify it -> ``Stream.land`` it, on a verify
-           thread while the next chunk is read (on one core: each chunk in turn, on the I/O
-           thread); its staging goes back as soon as it landed (a load into host memory: at
-           most ``STREAM_WINDOW`` + 1 chunks of staging at once whatever the batch's size,
-           faulted in ahead by ``reserve_stream``)
+           thread while the next chunk is read (``pages.stream``; a load into host memory:
+           bounded staging whatever the batch's size, faulted in ahead by ``reserve_stream``)
     SAVE   gather (the caller's, before ``submit``; or ``Job.fill`` on the I/O thread) ->
            encode in place -> skip the pages the store holds (``skip_present``) -> one put
 
@@ -33,7 +31,6 @@ from __future__ import annotations
 import enum
 import functools
 import logging
-import os
 import queue
 import threading
 import time
@@ -43,25 +40,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from radixlink.pages import pageio
-from radixlink.pages.staging import StagingArena, frame_stride, frames_bytes
+from radixlink.pages import pageio, stream
+from radixlink.pages.staging import StagingArena
+from radixlink.pages.stream import Stream, chunk_bytes, one_core, settled
 from radixlink.stores.base import Store
 
 logger = logging.getLogger(__name__)
 
 CLOSE_BUDGET_S = 2.0
 """How long ``close()`` lets queued and running jobs go on before it cancels the queued ones."""
-
-CHUNK_BYTES = 16 << 20
-"""A load over this many bytes of frames is read in chunks of it, each verified while the next
-is read. Measured on 2 cores (32 pages of 5.9 MB from a warm ``file://`` store, medians of 5):
-unsealed 5.08 GB/s in one read, 6.45 with 16 MiB chunks (32 MiB: 6.38, 64 MiB: 6.19); sealed
-(keyed BLAKE3, which releases the GIL) 1.83 -> 3.43 GB/s."""
-
-STREAM_WINDOW = 2
-"""A streamed load reads a chunk only once no more than this many earlier ones are still being
-verified or landed: its staging stays within ``STREAM_WINDOW + 1`` chunks."""
-
 
 class TransferKind(enum.Enum):
     """What a job does."""
@@ -98,33 +85,6 @@ class Landing(Protocol):
         """The load ended without landing: release whatever waits on it (must not raise)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Stream:
-    """A LOAD read chunk by chunk into staging of its own and landed as it goes.
-
-    Attributes:
-        pools: per pool its codec and the store keys of its pages.
-        land: called on the thread that verified a chunk, with its spans (``pageio.Span``:
-            pool, first page, count), its pages (frames valid only during the call) and their
-            verdict; lands the whole verified ones. Its raise fails the job.
-    """
-
-    pools: Sequence[tuple[pageio.PageCodec, Sequence[str]]]
-    land: Callable[[Sequence[pageio.Span], Sequence[pageio.PageFrames], pageio.ReadResult],
-                   None]
-
-    def spans(self) -> list[list[pageio.Span]]:
-        return pageio.spans([(len(keys), frame_stride(codec.frame_bytes))
-                             for codec, keys in self.pools], CHUNK_BYTES)
-
-
-def chunk_bytes(codecs: Sequence[pageio.PageCodec]) -> int:
-    """The staging of a full chunk of the largest of these pools: what every chunk of a
-    streamed load over them asks for (0: no pools)."""
-    return max((frames_bytes([(max(1, CHUNK_BYTES // frame_stride(c.frame_bytes)),
-                               c.page_bytes, c.frame_bytes)]) for c in codecs), default=0)
-
-
 @dataclass(slots=True, kw_only=True)
 class Job:
     """One batch of pages to move.
@@ -158,7 +118,7 @@ class Job:
     @property
     def num_pages(self) -> int:
         if self.stream is not None:
-            return sum(len(keys) for _, keys in self.stream.pools)
+            return self.stream.num_pages
         return sum(len(part.keys) for part in self.parts)
 
 
@@ -245,7 +205,7 @@ class TransferEngine:
         touches no new memory."""
         if not codecs:
             return
-        nbytes, count = chunk_bytes(codecs), 1 if _one_core() else STREAM_WINDOW + 1
+        nbytes, count = chunk_bytes(codecs), 1 if one_core() else stream.STREAM_WINDOW + 1
         if not self.arena.reserve(nbytes, count):
             logger.warning("radixlink could not reserve %d staging buffers of %d bytes; loads "
                            "will allocate theirs as they go", count, nbytes)
@@ -356,14 +316,15 @@ class TransferEngine:
             self._idle.notify_all()
 
     def _load(self, job_id: int, job: Job) -> Completion:
-        """Read every page, verify each, land them (``_read_staged`` or ``_read_streamed``);
-        the verdict under the one corrupt-page policy."""
+        """Read every page, verify each, land them (``_read_staged`` or a ``Stream``); the
+        verdict under the one corrupt-page policy."""
         cancelled = functools.partial(self._cancelled.__contains__, job_id)
-        landed = False
+        stopped = False
         if job.stream is not None:
-            read = self._read_streamed(job.stream)
+            read = stream.read_streamed(job.stream, self.store, self.arena, self.bad,
+                                        self._verifier)
         else:
-            read, landed = self._read_staged(job, cancelled)
+            read, stopped = self._read_staged(job, cancelled)
         missing = read.num_missing()
         self._count(fetched_pages=len(read.reasons), bad_pages=len(read.bad_keys),
                     missing_pages=missing)
@@ -373,77 +334,41 @@ class TransferEngine:
             status = TransferStatus.MISSING if missing else TransferStatus.CORRUPT
             short = not missing and set(misses) == {pageio.SHORT}
             detail = "short page" if short else f"{sum(misses.values())} bad page(s)"
-        elif job.land is not None and (cancelled() or not (
-                landed or (landed is None and self._land(job, cancelled)))):
+        elif stopped:
             status = TransferStatus.CANCELLED
         return Completion(job_id=job_id, kind=_LOAD, status=status, detail=detail, read=read,
                           num_bytes=read.num_bytes if status is TransferStatus.OK else 0)
 
     def _read_staged(self, job: Job,
-                     cancelled: Callable[[], bool]) -> tuple[pageio.ReadResult, bool | None]:
-        """Read every page into the job's staging and verify each. A batch over
-        ``CHUNK_BYTES`` is read chunk by chunk, each chunk verified on the verify threads while
-        the next one is read. A landing that goes early (a layer-wise engine computes under
-        it) lands before the verdict, so the copies overlap the engine's forward; its caller
-        publishes only after the verdict. Also whether it landed (None: not tried yet)."""
+                     cancelled: Callable[[], bool]) -> tuple[pageio.ReadResult, bool]:
+        """Read every page into the job's staging, verify each and land the batch if it is
+        whole. A batch over ``CHUNK_BYTES`` is read chunk by chunk, each chunk verified on the
+        verify threads while the next one is read. A landing that goes early (a layer-wise
+        engine computes under it) lands before the verdict, so the copies overlap the engine's
+        forward; its caller publishes only after the verdict. Also whether the job was
+        cancelled before or while it landed."""
         landing = job.land
-        pieces = pageio.chunks(job.parts, CHUNK_BYTES)
-        parallel = len(pieces) > 1 and not _one_core()
+        pieces = pageio.chunks(job.parts, stream.CHUNK_BYTES)
+        parallel = len(pieces) > 1 and not one_core()
         sizes: list[int | None] = []
-        checks: list[Callable[[], pageio.ReadResult]] = []  # NOTE: not parallel: checked here
+        checks: list[stream.Check] = []  # NOTE: not parallel: checked here
+        landed = None  # NOTE: not tried yet
         try:
             for piece in pieces:
                 fetched = pageio.fetch(self.store, piece)
                 sizes += fetched.sizes
                 check = functools.partial(pageio.check, self.store, piece, fetched, bad=self.bad)
                 checks.append(self._verifier().submit(check).result if parallel else check)
-            early = (landing is not None and None not in sizes and landing.early()
-                     and not cancelled())
-            landed = self._land(job, cancelled) if early else None
+            if (landing is not None and None not in sizes and landing.early()
+                    and not cancelled()):
+                landed = self._land(job, cancelled)
         finally:  # NOTE: no verify thread may still read the staging this job gives back
-            reads = _settled(checks)
-        return pageio.ReadResult.joined(reads), landed
-
-    def _read_streamed(self, stream: Stream) -> pageio.ReadResult:
-        """Read chunk by chunk, each into staging of its own, verified and landed on a verify
-        thread while the next one is read (one chunk, or one core: each in turn here); a chunk
-        is read once no more than ``STREAM_WINDOW`` earlier ones are still out."""
-        reads = stream.spans()
-        size = chunk_bytes([codec for codec, _ in stream.pools])
-        parallel = len(reads) > 1 and not _one_core()
-        checks: list[Callable[[], pageio.ReadResult]] = []
-        try:
-            for k, spans in enumerate(reads):
-                if k >= STREAM_WINDOW:
-                    checks[k - STREAM_WINDOW]()  # NOTE: bounds the staging out at once
-                staging, piece = pageio.stage_pages(self.arena, [
-                    (stream.pools[pool][0], stream.pools[pool][1][first : first + count])
-                    for pool, first, count in spans], size)  # fmt: skip
-                try:
-                    fetched = pageio.fetch(self.store, piece)
-                except BaseException:
-                    self.arena.release(*staging)
-                    raise
-                check = functools.partial(self._land_chunk, stream, spans, piece, fetched,
-                                          staging)
-                if parallel:
-                    checks.append(self._verifier().submit(check).result)
-                else:
-                    read = check()
-                    checks.append(lambda read=read: read)
-        finally:  # NOTE: every chunk's staging is back once each check ended
-            results = _settled(checks)
-        return pageio.ReadResult.joined(results)
-
-    def _land_chunk(self, stream: Stream, spans: Sequence[pageio.Span],
-                    piece: Sequence[pageio.PageFrames], fetched: pageio.Fetched,
-                    staging: tuple[Any, memoryview]) -> pageio.ReadResult:
-        try:
-            read = pageio.check(self.store, piece, fetched, bad=self.bad)
-            stream.land(spans, piece, read)
-            return read
-        finally:
-            self.arena.release(*staging)
+            read = pageio.ReadResult.joined(settled(checks))
+        if landing is None or not read.ok:
+            return read, False
+        if landed is None and not cancelled():
+            landed = self._land(job, cancelled)
+        return read, cancelled() or not landed
 
     def _verifier(self) -> ThreadPoolExecutor:
         """The verify threads, started with the first chunked load (most engines' loads
@@ -498,27 +423,3 @@ class TransferEngine:
     def _count(self, **counts: int) -> None:
         with self._lock:
             self._stats.update(counts)
-
-
-def _one_core() -> bool:
-    """Whether the calling thread may run on one core only. Then a verify thread overlaps
-    nothing and costs a GIL handoff per chunk (vLLM's CPU worker binds its threads to the
-    cores of its OMP threads: one here, beside its busy engine loop; in turn on the I/O thread,
-    a 188.7 MB load took 24-27 ms against 28-34 ms, measured), so chunks are checked in turn,
-    each while its staging is in cache."""
-    return len(os.sched_getaffinity(0)) == 1
-
-
-def _settled(checks: Sequence[Callable[[], pageio.ReadResult]]) -> list[pageio.ReadResult]:
-    """Every check's result, waiting for all of them even when one raised (then the first
-    error is raised, once none runs)."""
-    out, error = [], None
-    for check in checks:
-        try:
-            out.append(check())
-        except Exception as exc:  # noqa: BLE001 - raised below, once every check ended
-            error = error or exc
-    if error is not None:
-        raise error
-    return out
-

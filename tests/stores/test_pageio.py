@@ -172,13 +172,13 @@ def test_a_load_read_in_chunks_has_the_verdict_order_and_bytes_of_one_read(
     of ``_damage`` in the first come out with every reason in page order, the present bad
     pages deleted, the good payloads in their frames, and the job MISSING (a page is gone);
     undamaged, OK with every byte in place."""
-    from radixlink.pages import engine as engine_module
+    from radixlink.pages import stream as stream_module
     from radixlink.pages.engine import Job, TransferEngine, TransferKind, TransferStatus
 
     store, arena = MemoryStore(1 << 20), StagingArena()
     codecs, keys, data = _two_pools(store, arena)
     staging, parts = pageio.stage_pages(arena, list(zip(codecs, keys)))
-    monkeypatch.setattr(engine_module, "CHUNK_BYTES", chunk_pages * parts[0].frames.stride)
+    monkeypatch.setattr(stream_module, "CHUNK_BYTES", chunk_pages * parts[0].frames.stride)
     engine = TransferEngine(store, 2, arena)
     try:
         done = engine.run(Job(kind=TransferKind.LOAD, parts=parts, staging=staging))
@@ -211,7 +211,7 @@ def test_a_chunked_load_whose_read_fails_returns_only_once_no_chunk_is_being_ver
     import threading
     import time
 
-    from radixlink.pages import engine as engine_module
+    from radixlink.pages import stream as stream_module
     from radixlink.pages.engine import Job, TransferEngine, TransferKind, TransferStatus
 
     store, arena = _FailingRead(2), StagingArena()
@@ -230,7 +230,7 @@ def test_a_chunked_load_whose_read_fails_returns_only_once_no_chunk_is_being_ver
 
     monkeypatch.setattr(pageio, "check", slow_check)
     staging, parts = pageio.stage_pages(arena, [(codec, keys)])
-    monkeypatch.setattr(engine_module, "CHUNK_BYTES", 3 * parts[0].frames.stride)
+    monkeypatch.setattr(stream_module, "CHUNK_BYTES", 3 * parts[0].frames.stride)
     engine = TransferEngine(store, 1, arena)
     try:
         done = engine.run(Job(kind=TransferKind.LOAD, parts=parts, staging=staging))
@@ -261,7 +261,8 @@ def _streamed(store: MemoryStore, codecs: list[pageio.Codec], keys: list[list[st
               arena: StagingArena, land=None):  # type: ignore[no-untyped-def]
     """A streamed LOAD of two pools into fresh host rows: (completion, rows per pool, spans
     landed, whether verify threads ran)."""
-    from radixlink.pages.engine import Job, Stream, TransferEngine, TransferKind
+    from radixlink.pages.engine import Job, TransferEngine, TransferKind
+    from radixlink.pages.stream import Stream
 
     rows = [torch.zeros(len(k), PAGE, dtype=torch.uint8) for k in keys]
     landed: list[tuple[int, int, int]] = []
@@ -307,23 +308,23 @@ def test_a_streamed_load_lands_each_verified_chunk_with_bounded_staging(
 
 def _stream_and_check(chunk_pages: int, one_core: bool,
                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from radixlink.pages import engine as engine_module
+    from radixlink.pages import stream as stream_module
     from radixlink.pages.engine import TransferStatus
 
     store, arena = MemoryStore(1 << 20), _CountingArena()
     codecs, keys, data = _two_pools(store, arena)
     stride = frame_stride(codecs[0].frame_bytes)
-    monkeypatch.setattr(engine_module, "CHUNK_BYTES", chunk_pages * stride)
+    monkeypatch.setattr(stream_module, "CHUNK_BYTES", chunk_pages * stride)
     done, rows, landed, threaded = _streamed(store, codecs, keys, arena)
     assert done.ok and done.read is not None and done.read.reasons == [None] * 9
     assert all(torch.equal(r, d) for r, d in zip(rows, data))
     pages = sorted((pool, first + i) for pool, first, count in landed for i in range(count))
     assert pages == [(0, i) for i in range(6)] + [(1, i) for i in range(3)]
     assert arena.out == 0
-    assert arena.most <= (1 if one_core else engine_module.STREAM_WINDOW + 1)
+    assert arena.most <= (1 if one_core else stream_module.STREAM_WINDOW + 1)
     assert threaded == (not one_core and chunk_pages < 100)
     if chunk_pages < 100:
-        assert len(landed) > engine_module.STREAM_WINDOW + 1  # the bound was exercised
+        assert len(landed) > stream_module.STREAM_WINDOW + 1  # the bound was exercised
     _damage(store, keys[0])
     done, rows, _, _ = _streamed(store, codecs, keys, arena)
     assert done.status is TransferStatus.MISSING and done.read is not None
@@ -341,14 +342,14 @@ def test_a_streamed_load_that_fails_gives_every_chunks_staging_back(
     """A store error on the third chunk, or a landing that raises on the second, ends the
     streamed load as STORE_ERROR with the error in its detail, nothing raised, and every
     chunk's staging back in the arena."""
-    from radixlink.pages import engine as engine_module
+    from radixlink.pages import stream as stream_module
     from radixlink.pages.engine import TransferStatus
 
     store, arena = _FailingRead(3 if failure == "store" else 0), _CountingArena()
     codec = pageio.make_codec("fp", PAGE)
     keys = PageKeys().keys(PoolName.KV, HASHES, "ab")
     assert _save(store, codec, keys, _pages(6, seed=1), arena).ok
-    monkeypatch.setattr(engine_module, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(stream_module, "CHUNK_BYTES", 1)
     calls = []
 
     def land(spans, piece, read) -> None:  # type: ignore[no-untyped-def]
@@ -360,7 +361,7 @@ def test_a_streamed_load_that_fails_gives_every_chunks_staging_back(
                               land=land if failure == "land" else None)
     assert done.status is TransferStatus.STORE_ERROR
     assert ("went away" if failure == "store" else "landing bug") in done.detail
-    assert arena.out == 0 and arena.most <= engine_module.STREAM_WINDOW + 1
+    assert arena.out == 0 and arena.most <= stream_module.STREAM_WINDOW + 1
 
 
 def test_every_chunk_of_a_streamed_load_reuses_the_reserved_staging(
@@ -368,8 +369,9 @@ def test_every_chunk_of_a_streamed_load_reuses_the_reserved_staging(
     """``reserve_stream`` faults in the staging of a full chunk; a load of 5 pages in chunks
     of 2 then allocates nothing, its short last chunk included (a buffer of half the size
     would be a new allocation, faulted in on the load's path)."""
-    from radixlink.pages import engine as engine_module
-    from radixlink.pages.engine import Job, Stream, TransferEngine, TransferKind
+    from radixlink.pages import stream as stream_module
+    from radixlink.pages.engine import Job, TransferEngine, TransferKind
+    from radixlink.pages.stream import Stream
 
     page = 256 << 10
     store, arena = MemoryStore(16 << 20), StagingArena()
@@ -378,7 +380,7 @@ def test_every_chunk_of_a_streamed_load_reuses_the_reserved_staging(
     gen = torch.Generator().manual_seed(3)
     data = torch.randint(0, 256, (5, page), dtype=torch.uint8, generator=gen)
     assert _save(store, codec, keys, data, arena).ok
-    monkeypatch.setattr(engine_module, "CHUNK_BYTES", 2 * frame_stride(codec.frame_bytes))
+    monkeypatch.setattr(stream_module, "CHUNK_BYTES", 2 * frame_stride(codec.frame_bytes))
     engine = TransferEngine(store, 2, arena)
     try:
         engine.reserve_stream([codec])

@@ -33,8 +33,9 @@ from radixlink.integrations.vllm.metadata import GroupPages, PageJob
 from radixlink.integrations.vllm.pages import PagedGroup
 from radixlink.integrations.vllm.reports import WorkerReports
 from radixlink.pages import pageio
-from radixlink.pages.engine import Completion, Job, Stream, TransferEngine, TransferKind
+from radixlink.pages.engine import Completion, Job, TransferEngine, TransferKind
 from radixlink.pages.staging import StagingArena
+from radixlink.pages.stream import Stream
 from radixlink.stores.base import Store
 
 logger = logging.getLogger(__name__)

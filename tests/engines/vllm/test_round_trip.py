@@ -94,9 +94,9 @@ def test_a_cpu_worker_streams_a_load_through_the_staging_it_reserved_at_startup(
     copied into its blocks (on a verify thread while the next is read, given a second core).
     A 12-page load allocates no staging of its own and lands every page: node 2 computes
     only the last 8 tokens, with node 1's KV."""
-    from radixlink.pages import engine
+    from radixlink.pages import stream
 
-    monkeypatch.setattr(engine, "CHUNK_BYTES", 1)  # NOTE: at least one page: a page a chunk
+    monkeypatch.setattr(stream, "CHUNK_BYTES", 1)  # NOTE: at least one page: a page a chunk
     caplog.set_level("INFO", logger="radixlink")
     prompt = _prompt(5, 200)
     node1 = nodes(model_dir, file_url)
@@ -106,7 +106,7 @@ def test_a_cpu_worker_streams_a_load_through_the_staging_it_reserved_at_startup(
     worker = node2.workers[0].worker
     reserved = worker.staging_stats()
     one_core = len(os.sched_getaffinity(0)) == 1  # NOTE: one core: one chunk at a time
-    assert reserved["staging_allocs"] == (1 if one_core else engine.STREAM_WINDOW + 1)
+    assert reserved["staging_allocs"] == (1 if one_core else stream.STREAM_WINDOW + 1)
     node2.add("b", prompt)
     assert _first_run(node2, "b") == (192, 8)
     assert worker.stats["loaded_pages"] == 12
