@@ -1,7 +1,8 @@
 """`radixlink bench sglang`: radixlink inside real SGLang on CPU (SmolLM2-135M fp32,
 ``torch_native``), its two plug points side by side in one run: ``RadixlinkLinker`` (the
-unified cache external linker) and ``RadixlinkHiCacheStorage`` (HiCache's storage backend),
-against an engine with SGLang's own device tree and no store.
+unified cache external linker, on an unsealed and on a sealed store) and
+``RadixlinkHiCacheStorage`` (HiCache's storage backend), against an engine with SGLang's own
+device tree and no store.
 
 Per round (a new prompt each; rounds alternate which engine goes first, ABAB): the cold run on
 an empty store against no store; then each store engine empties its tree and serves the prompt
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import re
+import secrets
 import shutil
 import statistics
 import tempfile
@@ -28,8 +30,9 @@ from typing import Any
 from radixlink.bench.load_floor import raw_rates
 from radixlink.cmdargs import CommandParser, int_at_least
 
-CASES = ("recompute", "linker cold", "hicache cold", "linker store hit", "hicache store hit",
-         "device hit", "linker device hit")
+CASES = ("recompute", "linker cold", "sealed linker cold", "hicache cold", "linker store hit",
+         "sealed linker store hit", "hicache store hit", "device hit", "linker device hit")
+STORE_ENGINES = ("linker", "sealed linker", "hicache")
 _LOAD_LINE = re.compile(r"radixlink (?:load batch \d+|hicache get): (?:(\d+) of )?(\d+) "
                         r"(?:\w+ )?pages, (\d+) bytes; read and verified in ([\d.]+) s, "
                         r"landed in ([\d.]+) s")
@@ -75,17 +78,16 @@ def _round(nodes: dict[str, Any], prompt: list[int], new_tokens: int, flip: bool
         ttft[case].append(served.ttft_s)
         outs.add(tuple(served.output_ids))
 
-    order = (["plain", "linker", "hicache"])[:: -1 if flip else 1]
-    cold = {"plain": "recompute", "linker": "linker cold", "hicache": "hicache cold"}
+    order = (["plain", "linker", "sealed linker", "hicache"])[:: -1 if flip else 1]
     for name in order:
-        serve(name, cold[name])
+        serve(name, "recompute" if name == "plain" else f"{name} cold")
     for name in order:
         if name != "plain":
             assert nodes[name].flush_cache(), f"{name}: SGLang did not empty its tree"
             time.sleep(0.5)  # NOTE: lets the last offload reach the store before the lookup
-            serve(name, f"{name} store hit", "host" if name == "linker" else "storage")
+            serve(name, f"{name} store hit", "storage" if name == "hicache" else "host")
     for name in order[::-1]:
-        if name != "hicache":
+        if name in ("plain", "linker"):
             serve(name, "device hit" if name == "plain" else "linker device hit", "device")
 
 
@@ -95,12 +97,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     model = str(export("smollm2-135m"))
     tmp = Path(tempfile.mkdtemp(prefix="radixlink-bench-sglang-"))
-    stores = {"linker": f"file://{tmp}/linker", "hicache": f"file://{tmp}/hicache"}
+    secret = tmp / "load-secret"
+    secret.write_text(secrets.token_hex(32))
+    secret.chmod(0o600)
+    stores = {"linker": f"file://{tmp}/linker", "sealed linker": f"file://{tmp}/sealed?auth=file:"
+              f"{secret}", "hicache": f"file://{tmp}/hicache"}
     prompts = _prompts(model, args.rounds + 1, args.prefix_tokens)
     load_before = os.getloadavg()
     specs = {"plain": EngineSpec(model=model, cache=CacheMode.DEVICE),
              "linker": EngineSpec(model=model, cache=CacheMode.LINKER, store=stores["linker"],
                                   log_level="info"),
+             "sealed linker": EngineSpec(model=model, cache=CacheMode.LINKER,
+                                         store=stores["sealed linker"], log_level="info"),
              "hicache": EngineSpec(model=model, cache=CacheMode.HICACHE,
                                    store=stores["hicache"], log_level="info")}
     ttft: dict[str, list[float]] = {case: [] for case in CASES}
@@ -111,20 +119,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         nodes = dict(zip(specs, started, strict=True))
         warm: dict[str, list[float]] = {case: [] for case in CASES}
         _round(nodes, prompts[0], args.new_tokens, False, warm, set())  # NOTE: warm-up
-        logs_before = {n: len(nodes[n].log_tail(10**7)) for n in ("linker", "hicache")}
+        logs_before = {n: len(nodes[n].log_tail(10**7)) for n in STORE_ENGINES}
         identical = True
         for r, prompt in enumerate(prompts[1:]):
             outs: set[tuple[int, ...]] = set()
             _round(nodes, prompt, args.new_tokens, r % 2 == 1, ttft, outs)
             identical &= len(outs) == 1
-        loads = {n: _loads(nodes[n].log_tail(10**7)[logs_before[n]:])
-                 for n in ("linker", "hicache")}
+        loads = {n: _loads(nodes[n].log_tail(10**7)[logs_before[n]:]) for n in STORE_ENGINES}
         raw = {n: raw_rates(url) for n, url in stores.items()}
     finally:
         for node in nodes.values():
             node.close()
         shutil.rmtree(tmp, ignore_errors=True)
     med = {case: statistics.median(v) for case, v in ttft.items()}
+    load = {n: _rates(loads[n], raw[n]) for n in loads}
     return {
         "model": "smollm2-135m fp32 (SGLang 0.5.23, CPU, torch_native)",
         "prompt_tokens": args.prefix_tokens + 32, "rounds": args.rounds,
@@ -134,12 +142,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   "TTFT p50 s": round(med[case], 4),
                   "TTFT min s": round(min(ttft[case]), 4)} for case in CASES],
         "store_hit_vs_recompute_ttft": {p: round(med["recompute"] / med[f"{p} store hit"], 2)
-                                        for p in ("linker", "hicache")},
+                                        for p in STORE_ENGINES},
         "store_hit_vs_device_hit_ttft": {p: round(med[f"{p} store hit"] / med["device hit"], 2)
-                                         for p in ("linker", "hicache")},
+                                         for p in STORE_ENGINES},
         "cold_vs_no_store_ttft": {p: round(med[f"{p} cold"] / med["recompute"], 3)
-                                  for p in ("linker", "hicache")},
-        "load": {n: _rates(loads[n], raw[n]) for n in loads},
+                                  for p in STORE_ENGINES},
+        "load": load,
+        "sealed_vs_unsealed_load": round(load["sealed linker"]["read_verify_land_GBps"]
+                                         / load["linker"]["read_verify_land_GBps"], 3),
     }
 
 
@@ -172,7 +182,7 @@ def main(argv: list[str]) -> int:
     print_table(f"bench sglang: {result['model']}, prompts of {result['prompt_tokens']} tokens, "
                 f"{result['rounds']} rounds (load average before/after "
                 f"{result['load_average_before_after']})", result["rows"])
-    for p_name in ("linker", "hicache"):
+    for p_name in STORE_ENGINES:
         load = result["load"][p_name]
         print(f"{p_name}: store hit TTFT {result['store_hit_vs_recompute_ttft'][p_name]}x lower "
               f"than recompute, {result['store_hit_vs_device_hit_ttft'][p_name]}x a device hit; "
@@ -182,6 +192,8 @@ def main(argv: list[str]) -> int:
               f"read of the same store, {load['raw_read_GBps']} GB/s; memcpy "
               f"{load['memcpy_GBps']} GB/s; read, check and copy each alone on one core: "
               f"{load['one_core']['bound_GBps']} GB/s)")
+    print(f"sealed / unsealed linker load inside the engine: "
+          f"{result['sealed_vs_unsealed_load']}x")
     print(f"outputs identical across cases: {result['outputs_identical_across_cases']}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
