@@ -122,8 +122,19 @@ class PoolView:
             ValueError: ``slots`` and ``pages`` disagree on the page count or size.
         """
         parts = self._by_layer.get(layer)
-        if not parts:
-            return
+        if parts:
+            self._write(parts, slots, pages)
+
+    def write(self, slots: SlotRuns, pages: torch.Tensor) -> None:
+        """Scatter every layer of ``pages`` (``uint8 [num_pages, page_bytes]``) into ``slots``
+        (``plan``).
+
+        Raises:
+            ValueError: ``slots`` and ``pages`` disagree on the page count or size.
+        """
+        self._write(self._parts, slots, pages)
+
+    def _write(self, parts: Sequence[_Part], slots: SlotRuns, pages: torch.Tensor) -> None:
         if tuple(pages.shape) != (slots.num_pages, self.page_bytes):
             raise ValueError(
                 f"pool {self.name.value}: pages of shape {tuple(pages.shape)} do not match "

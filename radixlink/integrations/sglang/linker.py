@@ -145,6 +145,8 @@ class RadixlinkLinker(UnifiedCacheLinker):
             self._store, IO_THREADS, StagingArena(pinned=self._device.type == "cuda"),
             name="radixlink-sglang",
         )
+        if self._device.type == "cpu":  # NOTE: loads stream through it (workers.load_job)
+            self._engine.reserve_stream(list(self._codecs.values()))
         self._batches = LoadBatches()
         self._offloads = InOrder()
         self._pending: dict[str, list[PageMove]] = {}
@@ -225,9 +227,9 @@ class RadixlinkLinker(UnifiedCacheLinker):
             if self._device.type == "cuda":
                 ready.append(torch.cuda.Event())
                 ready[0].record()  # the slots' previous users are done on the scheduler's stream
-            job = load_job(self._engine.arena, index, moves, self.layer_done_counter,
-                           self._device_pools.num_layers, self._sync, ready,
-                           lambda done: self._load_ended(index, moves, done, job.land))
+            job, landing = load_job(self._engine.arena, index, moves, self.layer_done_counter,
+                                    self._device_pools.num_layers, self._sync, ready,
+                                    lambda done: self._load_ended(index, moves, done, landing))
             self._engine.submit(job)
         except Exception as exc:  # noqa: BLE001 - reported as this batch's failure
             logger.warning("radixlink load batch %d could not start: %s", index, exc)
@@ -335,7 +337,7 @@ class RadixlinkLinker(UnifiedCacheLinker):
     def _load_ended(self, index: int, moves: list[PageMove], done: Completion,
                     landing: Any) -> None:  # fmt: skip
         """On the I/O thread, once batch ``index`` landed or failed (its counter told)."""
-        log_load(index, moves, done, landing.land_s)
+        log_load(index, moves, done, landing)
         self._batches.ended(index)
 
     def _sync(self) -> None:

@@ -97,3 +97,35 @@ def test_hicache_two_bad_pages_are_deleted_and_written_again(file_url: str) -> N
     assert all(torch.equal(x, y) for x, y in zip(tokens_of(pool, again), tokens_of(pool, src)))
     store.close()
     node.close()
+
+
+def test_linker_streams_a_cpu_load_chunk_by_chunk_and_fails_it_on_a_late_bad_page(
+        file_url, nodes, monkeypatch) -> None:
+    """On CPU pools a load is streamed (``workers.ChunkLanding``), here one page a chunk: a
+    whole load lands every page byte-identically; a bad page 8 fails the batch after pages
+    0..7 were copied into its private slots, no layer is reported landed, and once the
+    scheduler frees them every slot is back with the allocator."""
+    from radixlink.pages import stream
+
+    monkeypatch.setattr(stream, "CHUNK_BYTES", 1)  # NOTE: at least one page: a page a chunk
+    hashes = sglang_storage_page_hashes(PROMPT, 4)
+    a, b = nodes(FULL, file_url, 1), nodes(FULL, file_url, 2)
+    a_slots = a.serve(PROMPT)
+    whole = b.restore(PROMPT, "r1")
+    assert (whole.loaded_len, whole.failed) == (40, False)
+    want, have = a.full_bytes(a_slots), b.full_bytes(whole.slots)
+    assert all(torch.equal(x, y) for x, y in zip(want, have, strict=True))
+    c = nodes(FULL, file_url, 3)
+    with open_store(file_url) as store:
+        (late,) = _kv_key(store, hashes[8])
+        blob = bytearray(store.get([late])[0])
+        blob[-9] ^= 0x01
+        store.put({late: bytes(blob)})
+    free_before = c.allocator.available_size()
+    failed = c.restore(PROMPT, "r2")
+    assert (failed.loaded_len, failed.failed) == (40, True)
+    assert c.linker.stats()["bad_pages"] == 1
+    want, have = a.full_bytes(a_slots[:32]), c.full_bytes(failed.slots[:32])
+    assert all(torch.equal(x, y) for x, y in zip(want, have, strict=True))  # landed, unused
+    c.release(failed)
+    assert c.allocator.available_size() == free_before
