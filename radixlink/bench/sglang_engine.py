@@ -201,7 +201,8 @@ def main(argv: list[str]) -> int:
               f"{load['read_verify_land_GBps']} GB/s with landing ({load['vs_raw_read']}x a raw "
               f"read of the same store, {load['raw_read_GBps']} GB/s; memcpy "
               f"{load['memcpy_GBps']} GB/s; read, check and copy each alone on one core: "
-              f"{load['one_core']['bound_GBps']} GB/s)")
+              f"{load['one_core']['bound_GBps']} GB/s; overlapped on two: "
+              f"{load['one_core']['two_core_bound_GBps']} GB/s)")
     print(f"sealed / unsealed linker load inside the engine: "
           f"{result['sealed_vs_unsealed_load']}x")
     print(f"outputs identical across cases: {result['outputs_identical_across_cases']}")

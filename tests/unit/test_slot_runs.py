@@ -105,3 +105,28 @@ def test_host_pages_land_from_staging_frames_and_read_back(
     assert torch.equal(pages.read(_slots(ids, PAGE)), data)
     assert int(pages.pool.kv_buffer.count_nonzero()) == int(
         data.view(torch.float32).count_nonzero())  # nothing written anywhere else
+
+
+def test_both_load_lines_parse_in_bench_sglang(caplog: pytest.LogCaptureFixture) -> None:
+    """``bench sglang`` reads the linker's per-batch lines: a staged batch (read and verify,
+    then the landing) and a streamed one (landed while read: its copies count as landing,
+    the rest as read and verify, adding up to its wall time)."""
+    from radixlink.bench.sglang_engine import _loads
+    from radixlink.integrations.sglang.workers import ChunkLanding, LayerLanding, PageMove, log_load
+    from radixlink.pages import pageio
+    from radixlink.pages.engine import Completion, TransferKind, TransferStatus
+
+    view = PoolView(PoolName.KV, {0: (torch.zeros(8, HEADS, DIM),)}, rows_per_page=PAGE)
+    move = PageMove(view=view, codec=pageio.make_codec("fp", view.page_bytes), keys=["a", "b"],
+                    slots=torch.arange(8))
+    streamed = ChunkLanding(1, [move], counter=None, num_layers=1)
+    streamed.seconds += [0.25, 0.5]
+    staged = LayerLanding(2, [move], [], counter=None, num_layers=1, sync=lambda: None)
+    staged.land_s = 1.5
+    caplog.set_level("INFO", logger="radixlink")
+    for landing, seconds in ((streamed, 2.0), (staged, 4.0)):
+        log_load(landing.index, [move], Completion(job_id=0, kind=TransferKind.LOAD,
+                                                   status=TransferStatus.OK, num_bytes=1000,
+                                                   seconds=seconds), landing)
+    assert _loads(caplog.text) == {"pages": 4, "bytes": 2000, "read_s": 1.25 + 2.5,
+                                   "land_s": 0.75 + 1.5}
