@@ -203,9 +203,9 @@ class ChunkLanding:
 
     Layer by layer, the copies ran beside the forward computing the layers already landed
     and took twice as long (16-20 ms against 7-11 ms for 47 MB of SmolLM2, measured inside
-    SGLang on CPU), with no TTFT gained: the forward waits on layer 0 anyway. A bad page is
-    never copied; the verified chunks before it are, into slots only this batch holds, and the
-    batch fails (SGLang aborts its requests and frees the slots).
+    SGLang on CPU), with no TTFT gained: the forward waits on layer 0 anyway. A chunk with a bad
+    page lands nothing; the other chunks land, into slots only this batch holds, and the batch
+    fails (SGLang aborts its requests and frees the slots).
 
     Args:
         index: the batch's counter index.
@@ -259,8 +259,10 @@ def load_job(arena: StagingArena, index: int, moves: Sequence[PageMove], counter
         chunks = ChunkLanding(index, moves, counter, num_layers)
 
         def ended(completion: Completion) -> None:
-            chunks.finish(completion)
-            done(completion)
+            try:
+                chunks.finish(completion)
+            finally:  # NOTE: the batch must end for SGLang even if the counter raised
+                done(completion)
 
         stream = Stream([(m.codec, m.keys) for m in moves], chunks.land)
         return Job(kind=TransferKind.LOAD, parts=(), stream=stream, done=ended), chunks
