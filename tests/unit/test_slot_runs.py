@@ -129,4 +129,4 @@ def test_both_load_lines_parse_in_bench_sglang(caplog: pytest.LogCaptureFixture)
                                                    status=TransferStatus.OK, num_bytes=1000,
                                                    seconds=seconds), landing)
     assert _loads(caplog.text) == {"pages": 4, "bytes": 2000, "read_s": 1.25 + 2.5,
-                                   "land_s": 0.75 + 1.5}
+                                   "land_s": 0.75 + 1.5, "streamed": 1}
