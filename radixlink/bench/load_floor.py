@@ -24,9 +24,9 @@ def raw_rates(url: str, repeat: int = 3) -> dict[str, Any]:
     every page, and the copy into 4 KiB-paged memory as vLLM's KV blocks are. On one core
     they add up (``bound_GBps``); on two, the read of one chunk at best overlaps the check and
     copy of the one before (``two_core_bound_GBps``: the slower of the two sides), and
-    ``read_beside_memcpy_GBps`` says what that overlap is worth here: the read while another
-    thread copies as many bytes (both passes share the memory bus: 2 GB/s read beside 2 GB/s
-    copied reads as 2, and the two passes are then only as fast as one after the other)."""
+    ``read_beside_memcpy_GBps`` is the read while another thread makes one memcpy of as many
+    bytes: an upper bound on what that overlap is worth (an engine's landing is many smaller
+    copies, whose Python between calls holds the GIL the read needs)."""
     import os
 
     import torch
