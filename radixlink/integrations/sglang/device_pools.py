@@ -22,7 +22,7 @@ import torch
 
 from radixlink.contract import PoolName
 from radixlink.integrations.sglang.settings import SUPPORTED_MODELS
-from radixlink.integrations.sglang.slot_runs import SlotRuns, typed
+from radixlink.integrations.sglang.slot_runs import SlotRuns, page_index, typed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,9 +94,12 @@ class PoolView:
         Raises:
             ValueError: ``slots`` is not a whole number of pages.
         """
+        return SlotRuns.plan(self._index(slots), self.rows_per_page,
+                             min(p.row_bytes for p in self._parts), self.device)
+
+    def _index(self, slots: torch.Tensor) -> torch.Tensor:
         try:
-            return SlotRuns.plan(slots, self.rows_per_page,
-                                 min(p.row_bytes for p in self._parts), self.device)
+            return page_index(slots, self.rows_per_page, self.device)
         except ValueError as exc:
             raise ValueError(f"pool {self.name.value}: {exc}") from None
 
@@ -106,10 +109,10 @@ class PoolView:
         Raises:
             ValueError: ``slots`` is not a whole number of pages.
         """
-        planned = self.plan(slots)
-        index = planned.index.reshape(-1)
+        index = self._index(slots)  # NOTE: no runs planned: a gather is one index_select
         chunks = [
-            p.tensor.index_select(0, index).view(torch.uint8).reshape(planned.num_pages, -1).cpu()
+            p.tensor.index_select(0, index.reshape(-1)).view(torch.uint8)
+            .reshape(index.shape[0], -1).cpu()
             for p in self._parts
         ]  # NOTE: one gather per tensor, every page at once
         return torch.cat(chunks, dim=1)

@@ -51,16 +51,11 @@ class SlotRuns:
         Raises:
             ValueError: ``slots`` is not a whole number of pages.
         """
-        flat = slots.reshape(-1)
-        if flat.numel() == 0 or flat.numel() % rows_per_page:
-            raise ValueError(f"{flat.numel()} slots is not a whole number of {rows_per_page}-slot "
-                             "pages")
-        num_pages = flat.numel() // rows_per_page
-        index = flat.to(device, torch.int64).view(num_pages, rows_per_page)
+        index = page_index(slots, rows_per_page, device)
         runs = None
         if device.type == "cpu":
             runs = _runs(index, rows_per_page)
-            if runs is not None and flat.numel() * row_bytes < RUN_MIN_BYTES * len(runs):
+            if runs is not None and index.numel() * row_bytes < RUN_MIN_BYTES * len(runs):
                 runs = None
         return cls(index=index, runs=runs)
 
@@ -75,6 +70,19 @@ class SlotRuns:
         for first, count, start in self.runs:
             _copy(dst.narrow(dim, start, count * rows).unflatten(dim, (count, rows)),
                   data.narrow(dim, first, count))
+
+
+def page_index(slots: torch.Tensor, rows_per_page: int, device: torch.device) -> torch.Tensor:
+    """``slots`` (any shape) as ``[num_pages, rows_per_page]`` int64 on ``device``.
+
+    Raises:
+        ValueError: ``slots`` is not a whole number of pages.
+    """
+    flat = slots.reshape(-1)
+    if flat.numel() == 0 or flat.numel() % rows_per_page:
+        raise ValueError(f"{flat.numel()} slots is not a whole number of {rows_per_page}-slot "
+                         "pages")
+    return flat.to(device, torch.int64).view(-1, rows_per_page)
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
