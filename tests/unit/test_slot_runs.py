@@ -44,16 +44,22 @@ def _staged(data: torch.Tensor) -> torch.Tensor:
     return frames.payloads()
 
 
+@pytest.mark.parametrize("dense", [True, False])  # copy_runs in numpy / scatter in torch
 @pytest.mark.parametrize("min_bytes", [0, 1 << 40])  # every run copied / always index_put_
 @pytest.mark.parametrize("kind", ["one run", "three runs", "scattered"])
 @pytest.mark.parametrize("rows", [1, PAGE])
 def test_device_pool_layers_land_where_a_row_by_row_copy_puts_them(
-        monkeypatch: pytest.MonkeyPatch, min_bytes: int, kind: str, rows: int) -> None:
+        monkeypatch: pytest.MonkeyPatch, dense: bool, min_bytes: int, kind: str,
+        rows: int) -> None:
     monkeypatch.setattr(slot_runs, "RUN_MIN_BYTES", min_bytes)
+    monkeypatch.setattr(slot_runs, "COPY_RUN_MIN_BYTES", min_bytes)
     gen = torch.Generator().manual_seed(7)
     pool_rows = 64 * rows
-    k = [torch.zeros(pool_rows, HEADS, DIM) for _ in range(LAYERS)]
-    v = [torch.zeros(pool_rows, HEADS, DIM, dtype=torch.float16) for _ in range(LAYERS)]
+
+    memory = [torch.zeros(pool_rows, HEADS, DIM * (1 if dense else 2), dtype=dtype)
+              for dtype in (torch.float32, torch.float16) for _ in range(LAYERS)]
+    k, v = [m[..., :DIM] for m in memory[:LAYERS]], [m[..., :DIM] for m in memory[LAYERS:]]
+    assert (slot_runs.byte_rows(k[0]) is not None) == dense
     view = PoolView(PoolName.KV, {i: (k[i], v[i]) for i in range(LAYERS)}, rows_per_page=rows)
     pages = _pages(kind, 12, 64, gen)
     data = torch.randint(0, 256, (12, view.page_bytes), dtype=torch.uint8, generator=gen)
@@ -64,7 +70,7 @@ def test_device_pool_layers_land_where_a_row_by_row_copy_puts_them(
     assert torch.equal(view.read_pages(_slots(pages, rows)), data)
     untouched = torch.ones(pool_rows, dtype=torch.bool)
     untouched[_slots(pages, rows)] = False
-    assert all(int(t[untouched].count_nonzero()) == 0 for t in (*k, *v))
+    assert all(int(m[untouched].count_nonzero()) == 0 for m in memory)
 
 
 def test_runs_follow_the_slots_and_a_page_with_gaps_is_indexed() -> None:

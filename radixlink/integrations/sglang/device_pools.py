@@ -18,11 +18,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from radixlink.contract import PoolName
 from radixlink.integrations.sglang.settings import SUPPORTED_MODELS
-from radixlink.integrations.sglang.slot_runs import SlotRuns, page_index, typed
+from radixlink.integrations.sglang.slot_runs import SlotRuns, byte_rows, page_index, typed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,6 +33,7 @@ class _Part:
     offset: int  # byte offset of this tensor's rows within a page
     nbytes: int  # bytes of one page's rows
     row_bytes: int  # bytes of one slot's row
+    rows: np.ndarray | None  # the tensor as uint8 [rows, row_bytes] numpy (CPU), for copy_runs
 
 
 class PoolView:
@@ -64,7 +66,7 @@ class PoolView:
                 row_bytes = tensor[0].numel() * tensor.element_size()
                 nbytes = row_bytes * rows_per_page
                 parts.append(_Part(layer=layer, tensor=tensor, offset=offset, nbytes=nbytes,
-                                   row_bytes=row_bytes))
+                                   row_bytes=row_bytes, rows=byte_rows(tensor)))
                 offset += nbytes
         self._parts = tuple(parts)
         self._by_layer: dict[int, tuple[_Part, ...]] = {
@@ -72,6 +74,7 @@ class PoolView:
         }
         self.page_bytes = offset
         self.device = parts[0].tensor.device
+        self._numpy = all(p.rows is not None for p in parts)  # CPU tensors: copy_runs lands
 
     @property
     def layer_ids(self) -> list[int]:
@@ -95,7 +98,8 @@ class PoolView:
             ValueError: ``slots`` is not a whole number of pages.
         """
         return SlotRuns.plan(self._index(slots), self.rows_per_page,
-                             min(p.row_bytes for p in self._parts), self.device)
+                             min(p.row_bytes for p in self._parts), self.device,
+                             numpy=self._numpy)
 
     def _index(self, slots: torch.Tensor) -> torch.Tensor:
         try:
@@ -145,6 +149,10 @@ class PoolView:
             )
         # NOTE: each page's rows go straight from its (spaced) staging frame to their slots,
         # as a [page, row] view of the frames: one copy, never a contiguous one first
+        if slots.runs is not None and self._numpy:
+            slots.copy_runs([(p.rows, p.offset) for p in parts if p.rows is not None],
+                            pages.numpy())
+            return
         for p in parts:
             data = typed(pages[:, p.offset : p.offset + p.nbytes], p.tensor.dtype,
                          (slots.num_pages, self.rows_per_page, *p.tensor.shape[1:]))

@@ -4,20 +4,25 @@ per tensor either as one copy per run of consecutive slots or as one ``index_put
 SGLang's allocators hand out pages in ascending order from a sorted free list, so a request's
 pages are mostly one or a few runs of consecutive slots. A run lands as a plain strided copy
 (one pass, near memcpy speed); ``index_put_`` over per-token rows pays for its index on every
-row. Each copy costs a few microseconds of dispatch, so runs only pay when they are long: on
-this machine the two met at runs of about 96 KiB per tensor (SmolLM2's 768-byte rows, 16-row
-pages: 1.5x faster than ``index_put_`` for one run of 64 pages, 2.5x slower for 64 runs of one
-page), hence ``RUN_MIN_BYTES``. Must not import SGLang.
+row. Each copy costs its dispatch, so runs only pay from some length on, hence the two
+thresholds. Through torch (``scatter``: ~10 view ops a copy) the two met at runs of about 96
+KiB per tensor (SmolLM2's 768-byte rows, 16-row pages: 1.5x faster than ``index_put_`` for one
+run of 64 pages, 2.5x slower for 64 runs of one page): ``RUN_MIN_BYTES``. Through numpy views
+made once (``copy_runs``: one slice and one ``copyto`` a copy) they met at runs of one page
+(12 KiB per tensor: 0.81x ``index_put_``'s time for 22 such runs, 1.09x for 64), and one run of
+22 pages landed in 0.24x its time: ``COPY_RUN_MIN_BYTES``. Must not import SGLang.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-RUN_MIN_BYTES = 128 << 10  # average run, per tensor, from which copies beat index_put_
+RUN_MIN_BYTES = 128 << 10  # average run, per tensor, from which scatter's copies win
+COPY_RUN_MIN_BYTES = 16 << 10  # the same for copy_runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +49,10 @@ class SlotRuns:
 
     @classmethod
     def plan(cls, slots: torch.Tensor, rows_per_page: int, row_bytes: int,
-             device: torch.device) -> SlotRuns:
+             device: torch.device, *, numpy: bool = False) -> SlotRuns:
         """Plan ``slots`` (any shape, whole pages) for a pool on ``device`` whose tensors
-        copy ``row_bytes`` bytes per slot (the smallest of them).
+        copy ``row_bytes`` bytes per slot (the smallest of them), landed by ``copy_runs``
+        (``numpy``) or by ``scatter``.
 
         Raises:
             ValueError: ``slots`` is not a whole number of pages.
@@ -55,7 +61,8 @@ class SlotRuns:
         runs = None
         if device.type == "cpu":
             runs = _runs(index, rows_per_page)
-            if runs is not None and index.numel() * row_bytes < RUN_MIN_BYTES * len(runs):
+            min_bytes = COPY_RUN_MIN_BYTES if numpy else RUN_MIN_BYTES
+            if runs is not None and index.numel() * row_bytes < min_bytes * len(runs):
                 runs = None
         return cls(index=index, runs=runs)
 
@@ -70,6 +77,41 @@ class SlotRuns:
         for first, count, start in self.runs:
             _copy(dst.narrow(dim, start, count * rows).unflatten(dim, (count, rows)),
                   data.narrow(dim, first, count))
+
+    def copy_runs(self, targets: Sequence[tuple[np.ndarray, int]], pages: np.ndarray) -> None:
+        """Write whole pages into slot rows by runs (``runs`` must not be None), in numpy on
+        this thread: for each ``(rows, offset)`` target, a tensor's slots as ``byte_rows``
+        gives them, the bytes of each page from ``offset`` on, one row after another, land in
+        that page's slots.
+
+        One slice and one ``copyto`` per run and tensor: a chunk of SmolLM2 (30 layers, K and
+        V) is 60 copies, and ~10 torch view ops around each one held the GIL the next chunk's
+        read needs between its syscalls.
+
+        Args:
+            targets: ``(uint8 [slots, row_bytes] rows, byte offset of their rows in a page)``.
+            pages: ``uint8 [num_pages, page_bytes]`` (rows may be spaced: staging frames).
+        """
+        assert self.runs is not None, "copy_runs needs runs; index_put_ places the rest"
+        per_page = self.rows_per_page
+        for first, count, start in self.runs:
+            src = pages[first : first + count]
+            lo, hi = start, start + count * per_page  # NOTE: start is a slot
+            for rows, offset in targets:
+                width = rows.shape[1] * per_page
+                np.copyto(rows[lo:hi].reshape(count, width), src[:, offset : offset + width])
+
+
+def byte_rows(tensor: torch.Tensor) -> np.ndarray | None:
+    """A CPU tensor whose dim 0 is the slot as ``uint8 [slots, row_bytes]`` numpy (a view of
+    its memory, made once), or None where ``copy_runs`` cannot write it (a device tensor,
+    rows that are not dense)."""
+    if tensor.device.type != "cpu" or tensor.dim() == 0 or not tensor.is_contiguous():
+        return None
+    try:
+        return tensor.view(torch.uint8).reshape(tensor.shape[0], -1).numpy()
+    except (RuntimeError, TypeError):  # NOTE: a dtype numpy refuses even as bytes
+        return None
 
 
 def page_index(slots: torch.Tensor, rows_per_page: int, device: torch.device) -> torch.Tensor:
@@ -108,13 +150,15 @@ def typed(pages: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> to
 
 def _runs(index: torch.Tensor, rows_per_page: int) -> tuple[tuple[int, int, int], ...] | None:
     """Runs of pages whose slots continue one another, or None where a page's own rows are
-    not consecutive (then only ``index_put_`` places them)."""
+    not consecutive (then only ``index_put_`` places them). In numpy: a chunk of a streamed
+    load plans its slots on the thread that lands it."""
+    at = index.numpy()
     if rows_per_page > 1 and not bool(
-        (index[:, 1:] == index[:, :1] + torch.arange(1, rows_per_page)).all()
+        (at[:, 1:] == at[:, :1] + np.arange(1, rows_per_page)).all()
     ):
         return None
-    first = index[:, 0]
-    breaks = (torch.nonzero(first[1:] != first[:-1] + rows_per_page).flatten() + 1).tolist()
+    first = at[:, 0]
+    breaks = (np.flatnonzero(first[1:] != first[:-1] + rows_per_page) + 1).tolist()
     bounds = [0, *breaks, len(first)]
     starts = first[bounds[:-1]].tolist()
     return tuple((a, b - a, s) for a, b, s in zip(bounds[:-1], bounds[1:], starts))
