@@ -67,7 +67,17 @@ def test_device_pool_layers_land_where_a_row_by_row_copy_puts_them(
     assert (slots.runs is None) == (min_bytes > 0)
     for layer in range(LAYERS):
         view.write_layer(layer, slots, _staged(data))
-    assert torch.equal(view.read_pages(_slots(pages, rows)), data)
+    at = _slots(pages, rows)
+    for layer in range(LAYERS):  # every row where plain indexing finds it
+        row_bytes = HEADS * DIM * 4
+        offset = layer * rows * row_bytes * 3 // 2  # a layer: K (fp32) then V (fp16) rows
+        expected_k = data[:, offset : offset + rows * row_bytes].reshape(-1, row_bytes)
+        assert torch.equal(k[layer][at].reshape(len(at), -1).view(torch.uint8), expected_k)
+    assert torch.equal(view.read_pages(at), data)
+    spaced = _staged(torch.zeros_like(data))  # an offload gathers into staging frames
+    assert view.read_pages(at, out=spaced) is spaced and torch.equal(spaced, data)
+    with pytest.raises(ValueError, match="out of shape"):
+        view.read_pages(at, out=spaced[:-1])
     untouched = torch.ones(pool_rows, dtype=torch.bool)
     untouched[_slots(pages, rows)] = False
     assert all(int(m[untouched].count_nonzero()) == 0 for m in memory)

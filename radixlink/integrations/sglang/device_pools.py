@@ -107,19 +107,28 @@ class PoolView:
         except ValueError as exc:
             raise ValueError(f"pool {self.name.value}: {exc}") from None
 
-    def read_pages(self, slots: torch.Tensor) -> torch.Tensor:
-        """The pages at ``slots`` as a CPU ``uint8 [num_pages, page_bytes]`` tensor (a copy).
+    def read_pages(self, slots: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The pages at ``slots`` as a CPU ``uint8 [num_pages, page_bytes]`` tensor: ``out``
+        (rows may be spaced: an offload's staging frames), or a new one.
 
         Raises:
-            ValueError: ``slots`` is not a whole number of pages.
+            ValueError: ``slots`` is not a whole number of pages, or ``out`` has another shape.
         """
-        index = self._index(slots)  # NOTE: no runs planned: a gather is one index_select
-        chunks = [
-            p.tensor.index_select(0, index.reshape(-1)).view(torch.uint8)
-            .reshape(index.shape[0], -1).cpu()
-            for p in self._parts
-        ]  # NOTE: one gather per tensor, every page at once
-        return torch.cat(chunks, dim=1)
+        slot_runs = self.plan(slots)
+        if out is None:
+            out = torch.empty(slot_runs.num_pages, self.page_bytes, dtype=torch.uint8)
+        elif tuple(out.shape) != (slot_runs.num_pages, self.page_bytes):
+            raise ValueError(f"pool {self.name.value}: out of shape {tuple(out.shape)} does not "
+                             f"match {slot_runs.num_pages} pages of {self.page_bytes} bytes")
+        if slot_runs.runs is not None and self._numpy:  # NOTE: one copy per run and tensor
+            slot_runs.copy_runs([(p.rows, p.offset) for p in self._parts if p.rows is not None],
+                                out.numpy(), into_slots=False)
+            return out
+        index = slot_runs.index.reshape(-1)
+        for p in self._parts:  # NOTE: one gather per tensor, every page at once
+            rows = p.tensor.index_select(0, index).view(torch.uint8)
+            out[:, p.offset : p.offset + p.nbytes].copy_(rows.reshape(slot_runs.num_pages, -1))
+        return out
 
     def write_layer(self, layer: int, slots: SlotRuns, pages: torch.Tensor) -> None:
         """Scatter layer ``layer`` of ``pages`` (``uint8 [num_pages, page_bytes]``) into

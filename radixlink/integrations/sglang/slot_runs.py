@@ -78,11 +78,12 @@ class SlotRuns:
             _copy(dst.narrow(dim, start, count * rows).unflatten(dim, (count, rows)),
                   data.narrow(dim, first, count))
 
-    def copy_runs(self, targets: Sequence[tuple[np.ndarray, int]], pages: np.ndarray) -> None:
-        """Write whole pages into slot rows by runs (``runs`` must not be None), in numpy on
-        this thread: for each ``(rows, offset)`` target, a tensor's slots as ``byte_rows``
-        gives them, the bytes of each page from ``offset`` on, one row after another, land in
-        that page's slots.
+    def copy_runs(self, targets: Sequence[tuple[np.ndarray, int]], pages: np.ndarray, *,
+                  into_slots: bool = True) -> None:
+        """Copy whole pages between ``pages`` and slot rows by runs (``runs`` must not be
+        None), in numpy on this thread: for each ``(rows, offset)`` target, a tensor's slots
+        as ``byte_rows`` gives them, the bytes of each page from ``offset`` on, one row after
+        another, are that page's slots' rows (written into the slots, or read from them).
 
         One slice and one ``copyto`` per run and tensor: a chunk of SmolLM2 (30 layers, K and
         V) is 60 copies, and ~10 torch view ops around each one held the GIL the next chunk's
@@ -91,15 +92,21 @@ class SlotRuns:
         Args:
             targets: ``(uint8 [slots, row_bytes] rows, byte offset of their rows in a page)``.
             pages: ``uint8 [num_pages, page_bytes]`` (rows may be spaced: staging frames).
+            into_slots: write the pages into the slots (a load), else read them (an offload).
         """
         assert self.runs is not None, "copy_runs needs runs; index_put_ places the rest"
         per_page = self.rows_per_page
         for first, count, start in self.runs:
-            src = pages[first : first + count]
+            page_rows = pages[first : first + count]
             lo, hi = start, start + count * per_page  # NOTE: start is a slot
             for rows, offset in targets:
                 width = rows.shape[1] * per_page
-                np.copyto(rows[lo:hi].reshape(count, width), src[:, offset : offset + width])
+                slot_bytes = rows[lo:hi].reshape(count, width)
+                page_bytes = page_rows[:, offset : offset + width]
+                if into_slots:
+                    np.copyto(slot_bytes, page_bytes)
+                else:
+                    np.copyto(page_bytes, slot_bytes)
 
 
 def byte_rows(tensor: torch.Tensor) -> np.ndarray | None:

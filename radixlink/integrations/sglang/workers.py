@@ -281,7 +281,7 @@ def offload_job(arena: StagingArena, moves: Sequence[PageMove], ready: Sequence[
 
     def fill() -> None:
         for move, part in zip(moves, parts):
-            part.frames.payloads().copy_(move.view.read_pages(move.slots))
+            move.view.read_pages(move.slots, out=part.frames.payloads())
 
     return Job(kind=TransferKind.OFFLOAD, parts=parts, staging=staging, ready=list(ready),
                fill=fill if moves else None)
