@@ -31,10 +31,11 @@ from radixlink.contract import (
     PoolName,
 )
 from radixlink.eviction import EvictionPath
-from radixlink.hashing import layer_namespaces, token_bytes
+from radixlink.hashing import layer_namespaces
 from radixlink.hybrid_slots import HybridSlots
 from radixlink.kvevents import KVEventQueue
 from radixlink.memory.allocator import tensor_device
+from radixlink.tokens import token_bytes
 from radixlink.tree.invariants import check_tree
 from radixlink.tree.keys import KeyPacker
 from radixlink.tree.locks import LockHandle

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from radixlink.contract import InsertParams
-from radixlink.hashing import token_bytes
+from radixlink.tokens import token_bytes
 
 _BOOLS = (bool, np.bool_)
 

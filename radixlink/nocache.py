@@ -13,7 +13,7 @@ from radixlink.checks import check_insert, check_slots
 from radixlink.components.assembly import build_memory
 from radixlink.config import CacheConfig
 from radixlink.contract import InsertParams, InsertResult, MatchResult, PoolName
-from radixlink.hashing import token_bytes
+from radixlink.tokens import token_bytes
 from radixlink.tree.locks import LockHandle
 from radixlink.tree.node import TreeNode
 

@@ -21,9 +21,10 @@ import numpy as np
 
 from radixlink.contract import MatchResult
 from radixlink.cost import choose_load_pages
-from radixlink.hashing import TOKEN_BYTES, key_hashes
+from radixlink.hashing import key_hashes
 from radixlink.linker.parts import LinkerParts
 from radixlink.pages.restore import restorable_prefix_pages, split_presence
+from radixlink.tokens import TOKEN_BYTES
 
 
 @dataclass(slots=True, kw_only=True)

@@ -1,6 +1,6 @@
 """The radix tree core: structure, walk, locks and eviction order. Re-exports only."""
 
-from radixlink.hashing import token_bytes
+from radixlink.tokens import token_bytes
 from radixlink.tree.invariants import check_tree
 from radixlink.tree.locks import LockHandle
 from radixlink.tree.lru import EvictableSet

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from radixlink.hashing import TOKEN_BYTES, key_hashes
+from radixlink.hashing import key_hashes
+from radixlink.tokens import TOKEN_BYTES
 from radixlink.tree.node import TreeNode
 
 

@@ -1,5 +1,5 @@
 """Tree keys: token sequences packed as bytes (uint32 little-endian per token, by the one packer,
-``hashing.token_bytes``) and their compare.
+``tokens.token_bytes``) and their compare.
 
 Owns the page-aligned common-prefix search and the packer's memo of the last matched list.
 Knows nothing of nodes, components or memory.
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from radixlink.hashing import token_bytes
+from radixlink.tokens import token_bytes
 
 
 def common_prefix_bytes(node_key: bytes, key: bytes, offset: int, page_bytes: int) -> int:

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from radixlink.contract import InsertParams, InsertResult
-from radixlink.hashing import TOKEN_BYTES, namespace_id
+from radixlink.hashing import namespace_id
+from radixlink.tokens import TOKEN_BYTES
 from radixlink.tree.hashes import PageHashMemo, leaf_hashes
 from radixlink.tree.keys import common_prefix_bytes
 from radixlink.tree.locks import LockHandle, LockTable

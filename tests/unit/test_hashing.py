@@ -25,8 +25,8 @@ from radixlink.hashing import (
     key_hashes,
     namespace_id,
     page_hashes,
-    token_bytes,
 )
+from radixlink.tokens import token_bytes
 
 TOKENS = [1, 2, 3, 4, 5, 6, 7, 8]
 SHA_H0 = "cf97adeedb59e05bfd73a2b4c2a8885708c4f4f70c84c64b27120e72ab733b72"

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "radixlink"
 # Lowest first. A part is a top-level module or subpackage of radixlink; a part may import its
 # own modules and those of lower layers only.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
-    {"contract", "errors", "seedmemo", "cost"},
+    {"contract", "errors", "seedmemo", "cost", "tokens"},
     {"hashing", "memory"},
     {"config", "stores", "metrics", "kvevents"},
     {"pages"},  # the page layer under the three adapters (linker, SGLang, vLLM): no tree

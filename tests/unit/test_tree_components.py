@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 from radixlink.components.base import TreeComponent
 from radixlink.components.full import FullComponent
 from radixlink.contract import ComponentType, InsertParams, PoolName
-from radixlink.hashing import token_bytes
 from radixlink.memory.allocator import PagedAllocator
+from radixlink.tokens import token_bytes
 from radixlink.tree.invariants import check_tree
 from radixlink.tree.node import Effects, InsertContext, TreeNode
 from radixlink.tree.tree import RadixTree

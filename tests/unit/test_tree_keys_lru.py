@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from radixlink.config import EvictionPolicy
-from radixlink.hashing import token_bytes
+from radixlink.tokens import token_bytes
 from radixlink.tree.keys import KeyPacker, common_prefix_bytes, key_tokens
 from radixlink.tree.lru import EvictableSet
 from radixlink.tree.node import TreeNode
