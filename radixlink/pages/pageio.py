@@ -25,13 +25,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlink.pages.staging import Frames, StagingArena, frames_bytes, layout_frames
+from radixlink.stores import codec as codec_module
 from radixlink.stores.base import Store
-from radixlink.stores.codec import PageCodec
+from radixlink.stores.codec import HEADER_BYTES, PageCodec
 
 logger = logging.getLogger(__name__)
 
 Codec = PageCodec  # NOTE: the one name callers outside stores/ use for a pool's codec
-MISSING, SHORT = "missing", "short"  # reasons of misses the codec does not see
+MISSING = "missing"  # the reason of a miss the codec does not see
+SHORT = codec_module.SHORT  # a whole page of a shorter payload than its pool's
 _MAX_BAD_KEYS = 1 << 16  # bad keys remembered until rewritten; then the set starts over
 
 
@@ -218,14 +220,86 @@ def check(store: Store, parts: Sequence[PageFrames], fetched: Fetched, *,
     overwrites it."""
     sizes, frames = fetched.sizes, fetched.frames
     reasons: list[str | None] = []
-    bad_keys: list[str] = []
-    num_bytes = pos = num_bad = 0
+    pos = 0
     for part in parts:
-        codec, page_bytes = part.codec, part.codec.page_bytes
+        codec = part.codec
         for key in part.keys:
-            why = _verify(codec, frames[pos], sizes[pos], key)
+            reasons.append(_verify(codec, frames[pos], sizes[pos], key))
             pos += 1
-            reasons.append(why)
+    return _verdict(store, parts, reasons, bad)
+
+
+@dataclass(frozen=True, slots=True)
+class ScatteredPages:
+    """One pool's pages of a read straight into their destination (``fetch_scattered``):
+    codec, keys and per page the writable views its payload goes to, in order."""
+
+    codec: PageCodec
+    keys: Sequence[str]
+    payloads: Sequence[Sequence[memoryview]]
+
+
+@dataclass(frozen=True, slots=True)
+class ScatterFetched:
+    """What ``fetch_scattered`` read: per page its stored length (None: missing), its header
+    and its tag (empty when unsealed), each in a staging of their own."""
+
+    sizes: list[int | None]
+    heads: list[memoryview]
+    tails: list[memoryview]
+
+
+def fetch_scattered(store: Store, parts: Sequence[ScatteredPages]) -> ScatterFetched:
+    """One ``get_scattered`` of every part's keys: each page's header and tag into a small
+    staging of this read's, its payload straight into its views (the one copy of a load)."""
+    keys: list[str] = []
+    targets: list[list[memoryview]] = []
+    heads: list[memoryview] = []
+    tails: list[memoryview] = []
+    for part in parts:
+        codec, count = part.codec, len(part.keys)
+        if len(part.payloads) != count:
+            raise ValueError(f"fetch_scattered: {count} keys but {len(part.payloads)} payloads; "
+                             "pass one list of views per page")
+        tag = codec.frame_bytes - HEADER_BYTES - codec.page_bytes
+        size = HEADER_BYTES + tag
+        small = memoryview(bytearray(count * size))
+        for i, payload in enumerate(part.payloads):
+            head, tail = small[i * size : i * size + HEADER_BYTES], small[
+                i * size + HEADER_BYTES : (i + 1) * size]
+            heads.append(head)
+            tails.append(tail)
+            targets.append([head, *payload, tail])
+        keys += part.keys
+    return ScatterFetched(store.get_scattered(keys, targets) if keys else [], heads, tails)
+
+
+def check_scattered(store: Store, parts: Sequence[ScatteredPages], fetched: ScatterFetched, *,
+                    bad: BadKeys | None = None) -> ReadResult:
+    """``check`` for a read ``fetch_scattered`` made: every page verified where it lies
+    (``PageCodec.verify_scattered``), under the same policy."""
+    sizes, heads, tails = fetched.sizes, fetched.heads, fetched.tails
+    reasons: list[str | None] = []
+    pos = 0
+    for part in parts:
+        verify = part.codec.verify_scattered
+        for key, payload in zip(part.keys, part.payloads, strict=True):
+            reasons.append(verify(heads[pos], payload, tails[pos], sizes[pos], key))
+            pos += 1
+    return _verdict(store, parts, reasons, bad)
+
+
+def _verdict(store: Store, parts: Sequence[PageFrames] | Sequence[ScatteredPages],
+             reasons: list[str | None], bad: BadKeys | None) -> ReadResult:
+    """The policy over the reasons of the parts' pages, in order: the present bad pages
+    deleted (and added to ``bad``), the verified payload bytes counted."""
+    bad_keys: list[str] = []
+    num_bytes = num_bad = pos = 0
+    for part in parts:
+        page_bytes = part.codec.page_bytes
+        for key in part.keys:
+            why = reasons[pos]
+            pos += 1
             if why is None:
                 num_bytes += page_bytes
                 continue

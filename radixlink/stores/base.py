@@ -48,6 +48,11 @@ class Store(ABC):
     #: what it wraps. A linker on a shared store needs a model namespace.
     shared: bool = True
 
+    #: Whether ``get_scattered`` costs no more copies than ``get_into`` (a directory reads
+    #: straight into the pieces; memory copies once from its values). A load into pools the
+    #: pages' bytes are spread over then reads into them directly instead of through staging.
+    scatters: bool = False
+
     @property
     def page_secret(self) -> bytes | None:
         """The secret pages in this store are sealed with (the URL's ``auth=``), or None.
@@ -89,6 +94,33 @@ class Store(ABC):
             raise ValueError(f"get_into: {len(keys)} keys but {len(buffers)} buffers; pass one "
                              "buffer per key")
         return [copy_into(buf, value) for buf, value in zip(buffers, self.get(keys))]
+
+    def get_scattered(self, keys: Sequence[str],
+                      targets: Sequence[Sequence[memoryview]]) -> list[int | None]:
+        """Read each key's value into its pieces, in order, as one ``readv`` would: the
+        first ``len(pieces[0])`` bytes into ``pieces[0]``, the next into ``pieces[1]``, and
+        so on. A load reads a page's header into staging and its payload straight into the
+        rows of the pools it lands in, with no second copy.
+
+        Args:
+            keys: the keys, as for ``get``.
+            targets: per key its writable byte views.
+
+        Returns:
+            Per key its value's length, or None where it is missing. A value longer than its
+            pieces fills them with its first bytes (its length says so); a shorter one fills
+            them from the first on and leaves the rest as they were.
+
+        Raises:
+            ValueError: ``keys`` and ``targets`` differ in length.
+
+        The default copies from ``get`` (one copy, as ``get_into``'s default); ``scatters``
+        says whether a backend's is as cheap as its ``get_into``. A hit is a use (LRU).
+        """
+        if len(keys) != len(targets):
+            raise ValueError(f"get_scattered: {len(keys)} keys but {len(targets)} piece lists; "
+                             "pass one list of buffers per key")
+        return [scatter_into(pieces, value) for pieces, value in zip(targets, self.get(keys))]
 
     @abstractmethod
     def put(self, items: Mapping[str, Any]) -> list[bool]:
@@ -165,4 +197,22 @@ def copy_into(buffer: memoryview, value: Any) -> int | None:
     size = view.nbytes
     head = min(size, buffer.nbytes)
     buffer[:head] = view[:head]
+    return size
+
+
+def scatter_into(pieces: Sequence[memoryview], value: Any) -> int | None:
+    """Copy a store value into ``pieces`` one after another (``Store.get_scattered``); its
+    length, or None for a missing one."""
+    if value is None:
+        return None
+    view = memoryview(value)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    size, pos = view.nbytes, 0
+    for piece in pieces:
+        if pos >= size:
+            break
+        take = min(piece.nbytes, size - pos)
+        piece[:take] = view[pos : pos + take]
+        pos += take
     return size

@@ -114,6 +114,11 @@ class FaultyStore(Store):
         """Whether other processes reach the inner store."""
         return self.inner.shared
 
+    @property
+    def scatters(self) -> bool:  # type: ignore[override]
+        """As the inner store (reads go through ``get``, damaged, either way)."""
+        return self.inner.scatters
+
     def exists(self, keys: Sequence[str]) -> list[bool]:
         self._before("exists")
         return self.inner.exists(keys)

@@ -36,6 +36,7 @@ class MemoryStore(Store):
 
     in_process = True  # a put is a copy and a dict insert: nothing for a thread to overlap
     shared = False  # NOTE: this process's memory: no other process reads its pages
+    scatters = True  # NOTE: a value is copied once into its pieces, as into a frame
 
     def __init__(self, capacity_bytes: int = parse_size(DEFAULT_CAPACITY)):
         if capacity_bytes <= 0:

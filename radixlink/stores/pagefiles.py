@@ -21,6 +21,7 @@ FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev")
 # NOTE: the one place under /dev that holds real files: the shared-memory tmpfs, a store in RAM
 SHARED_MEMORY = "/dev/shm"
 _CHUNK = 1 << 24
+IOV_MAX = 1024  # NOTE: the most buffers one readv takes on Linux (sysconf SC_IOV_MAX)
 
 
 class NotAPage(OSError):
@@ -62,14 +63,15 @@ def read_page(path: str, max_bytes: int, touch_before: float | None) -> bytes:
         os.close(fd)
 
 
-def read_pages_into(paths: Sequence[str | None], buffers: Sequence[memoryview],
+def read_pages_into(paths: Sequence[str | None], targets: Sequence[Sequence[memoryview]],
                     max_bytes: int, touch_before: float | None
                     ) -> tuple[list[int | None], int, int]:
-    """Read each page file into the start of its buffer (no allocation), with ``read_page``'s
-    rules for untrusted files; a None path is a miss. Of a file larger than its buffer (but
-    within ``max_bytes``) only the first ``len(buffer)`` bytes are read, its size says so. A
-    file that shrank under the read gives the bytes actually read (the codec sees a truncated
-    page, a miss).
+    """Read each page file into its pieces, in order (one ``readv``: a staging frame, or a
+    header's staging and the pool rows of its payload), with ``read_page``'s rules for
+    untrusted files; a None path is a miss. Of a file larger than its pieces (but within
+    ``max_bytes``) only as many bytes as they hold are read, its size says so. A file that
+    shrank under the read gives the bytes actually read (the codec sees a truncated page, a
+    miss).
 
     Returns:
         Each file's size (None: no page, refused or unreadable), the number refused (a
@@ -81,7 +83,7 @@ def read_pages_into(paths: Sequence[str | None], buffers: Sequence[memoryview],
     sizes: list[int | None] = []
     refused = errors = 0
     open_, fstat, readv, close, is_reg = os.open, os.fstat, os.readv, os.close, stat.S_ISREG
-    for path, buffer in zip(paths, buffers, strict=True):
+    for path, pieces in zip(paths, targets, strict=True):
         if path is None:
             sizes.append(None)
             continue
@@ -104,15 +106,15 @@ def read_pages_into(paths: Sequence[str | None], buffers: Sequence[memoryview],
                 refused += 1
                 sizes.append(None)
                 continue
-            want = min(size, buffer.nbytes)
-            # NOTE: the whole buffer as it is when the page fills it: no view per page
-            done = readv(fd, [buffer if want == buffer.nbytes else buffer[:want]]) if want else 0
-            while done < want:  # NOTE: short only if the file shrank under the read
-                part = readv(fd, [buffer[done:want]])
-                if not part:
-                    size = done
-                    break
-                done += part
+            done = readv(fd, pieces[:IOV_MAX]) if size and pieces else 0
+            if done < size:  # NOTE: a file longer than its pieces, more pieces than one
+                want = min(size, sum(piece.nbytes for piece in pieces))  # readv takes, or
+                while done < want:  # a file that shrank under the read
+                    part = readv(fd, _after(pieces, done))
+                    if not part:
+                        size = done
+                        break
+                    done += part
             if touch_before is not None and st.st_mtime < touch_before:
                 _touch(fd, st, touch_before)
             sizes.append(size)
@@ -122,6 +124,15 @@ def read_pages_into(paths: Sequence[str | None], buffers: Sequence[memoryview],
         finally:
             close(fd)
     return sizes, refused, errors
+
+
+def _after(pieces: Sequence[memoryview], skip: int) -> list[memoryview]:
+    """``pieces`` less their first ``skip`` bytes (at most ``IOV_MAX`` of them)."""
+    for i, piece in enumerate(pieces):
+        if skip < piece.nbytes:
+            return [piece[skip:], *pieces[i + 1 : i + IOV_MAX]]
+        skip -= piece.nbytes
+    return []
 
 
 def _open_page(path: str, max_bytes: int) -> tuple[int, os.stat_result]:

@@ -120,18 +120,23 @@ class Sealer:
 
     def tag(self, key: str, signed: Any, more: Any = None) -> bytes:
         """The ``TAG_BYTES`` tag of ``signed`` (then ``more``) under ``key``'s namespace key.
-        Both are hashed in place (buffer protocol), never copied or joined."""
+        Both are hashed in place (buffer protocol), never copied or joined; ``signed`` may be
+        a tuple of buffers, hashed one after another (a page read scattered)."""
         mac_key = self.key_for(key)
+        pieces = signed if isinstance(signed, tuple) else (signed,)
         if self._b3 is not None:
-            h = self._b3(signed, key=mac_key)
-        elif more is None:
+            h = self._b3(pieces[0], key=mac_key)
+        elif more is None and len(pieces) == 1:
             return hmac.digest(mac_key, signed, "sha256")
         else:
-            h = hmac.new(mac_key, signed, "sha256")
+            h = hmac.new(mac_key, pieces[0], "sha256")
+        for piece in pieces[1:]:
+            h.update(piece)
         if more is not None:
             h.update(more)
         return h.digest()  # type: ignore[no-any-return]
 
-    def verify(self, key: str, signed: memoryview, tag: memoryview) -> bool:
-        """Whether ``tag`` is the tag of ``signed`` under ``key``'s namespace (constant time)."""
+    def verify(self, key: str, signed: Any, tag: memoryview) -> bool:
+        """Whether ``tag`` is the tag of ``signed`` (a buffer, or a tuple of them hashed in
+        order) under ``key``'s namespace (constant time)."""
         return hmac.compare_digest(self.tag(key, signed), tag)

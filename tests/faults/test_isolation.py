@@ -36,8 +36,8 @@ BASE = Namespace(model="tiny-hybrid@1", layout=LAYOUT.fingerprint(), cache_salt=
 VARIANTS = {f.name: dataclasses.replace(BASE, **{f.name: getattr(BASE, f.name) + "'"})
             for f in dataclasses.fields(Namespace)}
 REQUEST_NS = Namespace(model="tiny-hybrid@1", cache_salt="tenant-7")
-KEY_RE = re.compile(r"^v3/[0-9a-f]{16}/[0-9a-f]{64}/kv(/r\d+)?$")
-FILE_RE = re.compile(r"^v3%2F[0-9a-f]{16}%2F[0-9a-f]{64}%2Fkv(%2Fr\d+)?$")  # the same, escaped
+KEY_RE = re.compile(r"^v4/[0-9a-f]{16}/[0-9a-f]{64}/kv(/r\d+)?$")
+FILE_RE = re.compile(r"^v4%2F[0-9a-f]{16}%2F[0-9a-f]{64}%2Fkv(%2Fr\d+)?$")  # the same, escaped
 
 
 def test_one_cache_keeps_identical_tokens_of_each_namespace_apart() -> None:
@@ -159,7 +159,7 @@ def test_oversized_payload_is_rejected_before_allocation(link) -> None:
     keys = [key for key, _ in store.scan()]
     blob = store.get(keys[:1])[0]
     huge = bytearray(blob[:HEADER_BYTES]) + bytes(16 << 20)
-    huge[HEADER_BYTES - 16 : HEADER_BYTES - 8] = struct.pack("<Q", len(huge) - HEADER_BYTES)
+    huge[40:48] = struct.pack("<Q", len(huge) - HEADER_BYTES)  # the payload length field
     huge = bytes(huge)
     tracemalloc.start()
     try:

@@ -4,6 +4,7 @@ are counted misses. The request recomputes and is served only its own K/V (issue
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import struct
 from collections.abc import Iterator, Mapping, Sequence
@@ -15,7 +16,7 @@ import xxhash
 
 from radixlink.hashing import Namespace
 from radixlink.stores import Store, open_store
-from radixlink.stores.codec import HEADER_BYTES, TAG_BYTES
+from radixlink.stores.codec import HEADER_BYTES, TAG_BYTES, key_digest
 from radixlink.stores.keys import KEY_PREFIX
 
 from .kit import LAYOUT, TOKENS, assert_exact, kv_codec, make_cache, offload, request
@@ -155,16 +156,22 @@ def test_the_secret_never_shows(sealed_url: str) -> None:
 
 
 def test_pages_of_the_previous_format_are_never_found(store) -> None:
-    """Keys carry the format version, so a page stored under a v2 key is not found by its v3
-    key; format-1 and format-2 payloads under a v3 key are ``version`` misses."""
+    """Keys carry the format version, so a page stored under a v3 key is not found by its v4
+    key; format-1 and format-2 payloads, and a whole format-3 page (a 56-byte header) under a
+    v4 key are ``version`` misses."""
     key = f"{KEY_PREFIX}_/" + "ab" * 32 + "/kv"
-    assert key.startswith("v3/")
+    assert key.startswith("v4/")
     codec = kv_codec()
     for version in (1, 2):
         old = b"RXLP" + bytes([version, 2, 0, 0]) + bytes(32) + b"x" * 16
         assert codec.decode(old, key) is None
-    assert codec.stats()["version"] == 2
-    store.put({"v2/_/" + "ab" * 32 + "/kv": old})
+    payload = b"p" * codec.page_bytes
+    fingerprint = hashlib.blake2b(codec.fingerprint.encode(), digest_size=16).digest()
+    v3 = struct.pack("<4sBBBB16s16sQQ", b"RXLP", 3, 2, 0, 0, fingerprint, key_digest(key),
+                     len(payload), xxhash.xxh3_64_intdigest(payload)) + payload
+    assert codec.verify(v3, key) == (None, "version")
+    assert codec.stats()["version"] == 3
+    store.put({"v3/_/" + "ab" * 32 + "/kv": v3})
     assert store.exists([key]) == [False]
 
 

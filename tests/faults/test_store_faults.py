@@ -46,7 +46,7 @@ def _short(key: str, blob: bytes) -> bytes:
 
 
 # offset of the u64 payload length in the header (see codec._HEADER)
-_LENGTH_AT = HEADER_BYTES - 16
+_LENGTH_AT = 40  # the payload length field (docs/stores.md, page format)
 
 BAD_PAYLOADS = {
     "other_layout": (_other_layout, "fingerprint"),

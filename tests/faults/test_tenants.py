@@ -21,7 +21,7 @@ import pytest
 from radixlink.contract import PoolName
 from radixlink.hashing import Namespace, namespace_id, page_hashes
 from radixlink.stores import open_store, page_key
-from radixlink.stores.codec import PageCodec, key_digest
+from radixlink.stores.codec import HEADER_BYTES, PageCodec, key_digest
 from radixlink.stores.directory import DirectoryStore
 
 from .kit import LAYOUT, PS, TOKENS, assert_exact, make_cache, offload, request
@@ -60,7 +60,7 @@ def _attack(kind: str, files: DirectoryStore, victim: list[str], attacker: list[
         elif kind == "attacker_page_rekeyed":  # the victim's key digest, its own tag
             forged = theirs[: DIGEST.start] + key_digest(victim[i]) + theirs[DIGEST.stop :]
         else:  # unsealed_forgery: its K/V, a valid header and checksum for the victim's key
-            payload = theirs[56 : 56 + LAYOUT.page_bytes]
+            payload = theirs[HEADER_BYTES : HEADER_BYTES + LAYOUT.page_bytes]
             forged = bytes(PageCodec(LAYOUT.fingerprint(PoolName.KV), LAYOUT.page_bytes)
                            .encode(payload, victim[i]))
         path.write_bytes(forged)

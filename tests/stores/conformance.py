@@ -84,6 +84,32 @@ class BackendContract:
         assert bytes(buffers[3]) == blobs[key(1)][:100]
         assert bytes(c.decode(buffers[0], key(0)) or b"") == payload(0)
 
+    def test_get_scattered_fills_pieces_in_order(self, backend: Backend) -> None:
+        """get_scattered spreads each value over its pieces one after another, as one readv:
+        a page's header, its payload in uneven pieces, its tail; a missing key is None and
+        leaves its pieces as they were; a longer value fills the pieces with its head, a
+        shorter one a prefix of them, and both report their length."""
+        store, c = backend.open(), codec()
+        blobs = {key(i): c.encode(payload(i), key(i)) for i in range(3)}
+        store.put(blobs)
+        size = len(blobs[key(0)])
+        cuts = [0, HEADER_BYTES, HEADER_BYTES + 1, HEADER_BYTES + 1000, size - 5, size]
+
+        def pieces(total: int) -> list[memoryview]:
+            view = memoryview(bytearray(b"\xee" * total))
+            bounds = [min(cut, total) for cut in cuts] + [total]
+            return [view[a:b] for a, b in zip(bounds, bounds[1:])]
+
+        targets = [pieces(size), pieces(size), pieces(size - 100), pieces(size + 50)]
+        sizes = store.get_scattered([key(0), key(9), key(1), key(2)], targets)
+        assert sizes == [size, None, size, size]
+        assert b"".join(map(bytes, targets[0])) == blobs[key(0)]
+        assert b"".join(map(bytes, targets[1])) == b"\xee" * size
+        assert b"".join(map(bytes, targets[2])) == blobs[key(1)][: size - 100]
+        assert b"".join(map(bytes, targets[3])) == blobs[key(2)] + b"\xee" * 50
+        assert c.verify_scattered(targets[0][0], targets[0][1:], memoryview(b""), size,
+                                  key(0)) is None
+
     def test_put_of_views_copies_before_returning(self, backend: Backend) -> None:
         """put takes memoryviews into a buffer the caller reuses right after: the store keeps
         the bytes as they were at put time, never a reference to the buffer."""

@@ -18,8 +18,9 @@ PAGE = 1024
 KEY = page_key("c0ffee", "ab" * 32, PoolName.KV)
 OTHER_KEY = page_key("c0ffee", "cd" * 32, PoolName.KV)
 SECRET = b"s" * 32
-_FIELDS = ("magic", "version", "kind", "flags", "mac", "fp", "key", "length", "checksum")
-_LAYOUT = "<4sBBBB16s16sQQ"
+_FIELDS = ("magic", "version", "kind", "flags", "mac", "fp", "key", "length", "checksum",
+           "reserved")
+_LAYOUT = "<4sBBBB16s16sQQQ"
 
 
 @pytest.mark.parametrize(
@@ -81,7 +82,8 @@ def _good() -> bytes:
         ("version", lambda: _with_header(_good(), version=99)),
         ("version", lambda: _with_header(_good(), flags=0x80)),
         ("version", lambda: _with_header(_good(), mac=1)),  # a MAC id on an unsealed page
-        ("version", lambda: _with_header(_good(), version=2)),  # the previous format
+        ("version", lambda: _with_header(_good(), version=3)),  # the previous format
+        ("version", lambda: _with_header(_good(), reserved=1)),  # a field we don't know
         ("version", lambda: b"RXLP\x01" + bytes(30)),  # a short page of format 1
         ("fingerprint", lambda: PageCodec("other-layout", PAGE).encode(b"p" * PAGE, KEY)),
         ("key", lambda: PageCodec("fp", PAGE).encode(b"p" * PAGE, OTHER_KEY)),

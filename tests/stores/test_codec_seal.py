@@ -22,8 +22,9 @@ KEY_A = page_key("aaaa", "11" * 32, PoolName.KV)
 KEY_A2 = page_key("aaaa", "22" * 32, PoolName.KV)
 KEY_B = page_key("bbbb", "11" * 32, PoolName.KV)
 PAYLOAD = bytes(range(256)) * (PAGE // 256)
-_LAYOUT = struct.Struct("<4sBBBB16s16sQQ")
-_FIELDS = ("magic", "version", "kind", "flags", "mac", "fp", "key", "length", "checksum")
+_LAYOUT = struct.Struct("<4sBBBB16s16sQQQ")
+_FIELDS = ("magic", "version", "kind", "flags", "mac", "fp", "key", "length", "checksum",
+           "reserved")
 
 
 def _fields(blob: bytes) -> dict[str, object]:
@@ -46,7 +47,7 @@ def test_sealed_pages_are_keyed_blake3_over_header_and_payload() -> None:
     (key: derive_key of the framed secret and the namespace) of header + payload."""
     blob = PageCodec("fp", PAGE, secret=SECRET).encode(PAYLOAD, KEY_A)
     head = _fields(blob)
-    assert (head["version"], head["flags"], head["mac"]) == (FORMAT_VERSION, 1, 1) == (3, 1, 1)
+    assert (head["version"], head["flags"], head["mac"]) == (FORMAT_VERSION, 1, 1) == (4, 1, 1)
     assert (head["kind"], head["checksum"]) == (0, 0)
     signed = blob[: HEADER_BYTES + PAGE]
     assert blob[-TAG_BYTES:] == blake3.blake3(signed, key=_blake3_key("aaaa")).digest()

@@ -2,12 +2,14 @@
 path's rules."""
 
 import os
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from radixlink.stores import dirlayout, open_store
+from radixlink.stores.directory import DirectoryStore
 
 from .conformance import Backend, BackendContract, closing, codec, key, payload
 
@@ -61,3 +63,19 @@ def test_remembered_page_files_keep_every_read_rule(tmp_path: Path,
     page.symlink_to(target)
     assert store.get_into([key(9)], buffers[:1]) == [None]
     assert store.stats()["refused"] == 1 and target.stat().st_mtime == 1_000_000
+
+
+def test_get_scattered_over_more_pieces_than_one_readv_takes(tmp_path: Path) -> None:
+    """A page read into more pieces than one ``readv`` takes (``IOV_MAX``, 1024 on Linux) is
+    read whole, in order; a file shorter than its pieces fills the first of them."""
+    store = DirectoryStore(tmp_path / "store")
+    value = random.Random(3).randbytes(3000)
+    store.put({key(0): value, key(1): value[:1500]})
+    arena = memoryview(bytearray(2 * 2500))
+    targets = [[arena[i : i + 1] for i in range(2500 * k, 2500 * (k + 1))] for k in range(2)]
+    assert store.get_scattered([key(0), key(1)], targets) == [3000, 1500]
+    assert bytes(arena[:2500]) == value[:2500]
+    assert bytes(arena[2500:4000]) == value[:1500] and bytes(arena[4000:]) == bytes(1000)
+    with pytest.raises(ValueError, match="2 keys but 1 piece lists"):
+        store.get_scattered([key(0), key(1)], targets[:1])
+    store.close()

@@ -134,8 +134,10 @@ def test_a_directory_under_a_page_name_is_counted_not_raised(tmp_path: Path) -> 
     assert Path(store.path_of(key(0))).is_dir() and Path(store.path_of(key(1))).is_dir()
 
 
-def test_get_into_applies_every_rule_within_one_batch(tmp_path: Path) -> None:
-    """The read path the linker takes (``get_into``), on one batch mixing every kind of
+@pytest.mark.parametrize("scattered", [False, True], ids=["get_into", "get_scattered"])
+def test_get_into_applies_every_rule_within_one_batch(tmp_path: Path, scattered: bool) -> None:
+    """The read paths loads take (``get_into``; ``get_scattered``, each buffer in three
+    pieces: SGLang's linker into its pools), on one batch mixing every kind of
     untrusted file with good pages: a huge file, a FIFO, a symlink to an old file outside, a
     directory and a page behind a symlinked shard directory are counted refusals, read
     nothing and touch nothing; a missing page is a plain miss; the good pages around them
@@ -165,7 +167,11 @@ def test_get_into_applies_every_rule_within_one_batch(tmp_path: Path) -> None:
     arena = memoryview(bytearray(64 * len(wanted)))
     buffers = [arena[64 * i : 64 * (i + 1)] for i in range(len(wanted))]
     started = time.monotonic()
-    sizes = fresh.get_into([key(i) for i in wanted], buffers)
+    if scattered:
+        sizes = fresh.get_scattered([key(i) for i in wanted],
+                                    [[b[:3], b[3:10], b[10:]] for b in buffers])
+    else:
+        sizes = fresh.get_into([key(i) for i in wanted], buffers)
     assert time.monotonic() - started < 1.0  # nothing huge read, no FIFO waited on
     assert sizes == [9, None, None, None, None, None, None, 9]
     assert bytes(buffers[0][:9]) == b"page zero" and bytes(buffers[7][:9]) == b"page five"

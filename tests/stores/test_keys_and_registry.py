@@ -19,9 +19,9 @@ from radixlink.stores.tiered import TieredStore
 
 def test_page_key_format_and_parse_round_trip() -> None:
     """Keys are <version>/<namespace>/<hash>/<pool>[/r<rank>] and parse back to their parts."""
-    assert page_key("ab12", "ff00", PoolName.SWA) == "v3/ab12/ff00/swa"
-    assert page_key("ab12", "ff00", "kv", rank=3) == "v3/ab12/ff00/kv/r3"
-    assert page_key("", "ff00", PoolName.KV) == "v3/_/ff00/kv"
+    assert page_key("ab12", "ff00", PoolName.SWA) == "v4/ab12/ff00/swa"
+    assert page_key("ab12", "ff00", "kv", rank=3) == "v4/ab12/ff00/kv/r3"
+    assert page_key("", "ff00", PoolName.KV) == "v4/_/ff00/kv"
     parts = parse_key("v2/ab12/ff00/mamba/r0")
     assert parts == KeyParts(
         version=2, namespace_id="ab12", page_hash="ff00", pool=PoolName.MAMBA, rank=0

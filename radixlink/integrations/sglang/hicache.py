@@ -59,7 +59,7 @@ _POOLS = {pool.value: pool for pool in PoolName}
 class RadixlinkHiCacheStorage(HiCacheStorage):
     """HiCache pages in a radixlink store, keyed by SGLang's page hashes.
 
-    Keys: ``v3/<namespace id>/<SGLang hash>/<pool>[/r<tp rank>]``; the namespace id covers
+    Keys: ``v4/<namespace id>/<SGLang hash>/<pool>[/r<tp rank>]``; the namespace id covers
     ``namespace`` (default: the model), the host page layout and the TP / PP / CP shape.
     MLA KV (identical on every rank) has no rank part and is written by SGLang's one storage
     writer; other pools carry the rank. Pages go through radixlink's page I/O

@@ -1,4 +1,4 @@
-"""Store keys for pages SGLang names: ``v3/<namespace id>/<engine page hash>/<pool>[/r<rank>]``.
+"""Store keys for pages SGLang names: ``v4/<namespace id>/<engine page hash>/<pool>[/r<rank>]``.
 
 Owns which namespace, layout and rank parts a page's key carries. The page hash is SGLang's own
 (never re-hashed here); the key bytes are the page layer's ``PageKeys``. Must not
