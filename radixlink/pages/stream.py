@@ -1,7 +1,8 @@
 """How a big load is read: in chunks (``CHUNK_BYTES``), each checked while the next is read,
 and, for a ``Stream``, each chunk into staging of its own, landed as soon as it is checked and
 given back at once (``read_streamed``), so a load holds at most ``STREAM_WINDOW`` + 1 chunks of
-staging whatever its size.
+staging whatever its size. A stream whose pages can be written where they land (``targets``)
+is read straight into them from a store that ``scatters``: one copy instead of two.
 
 Given a second core, chunks are checked on the engine's verify threads while the next is read;
 on a thread bound to one core (``one_core``: vLLM's CPU worker binds its threads to the cores
@@ -46,11 +47,17 @@ class Stream:
         land: called on the thread that verified a chunk, with its spans (``pageio.Span``:
             pool, first page, count), its pages (frames valid only during the call) and their
             verdict; lands the whole verified ones. Its raise fails the job.
+        targets: per page of a span, the writable views its payload lands in (its rows in
+            the pools), or None. Given, and with a store that ``scatters``, each chunk is read
+            straight into them and verified where it lies: one copy, no staging and no
+            ``land`` (a page that fails its check has written its slots, which only this load
+            holds, and fails the load). None where a span's pages cannot be written so.
     """
 
     pools: Sequence[tuple[pageio.PageCodec, Sequence[str]]]
     land: Callable[[Sequence[pageio.Span], Sequence[pageio.PageFrames], pageio.ReadResult],
                    None]
+    targets: Callable[[pageio.Span], Sequence[Sequence[memoryview]] | None] | None = None
 
     @property
     def num_pages(self) -> int:
@@ -70,9 +77,10 @@ def chunk_bytes(codecs: Sequence[pageio.PageCodec]) -> int:
 
 def read_streamed(stream: Stream, store: Store, arena: StagingArena, bad: pageio.BadKeys,
                   verifier: Callable[[], ThreadPoolExecutor]) -> pageio.ReadResult:
-    """Read ``stream`` chunk by chunk, each into staging of its own, verified and landed on a
-    ``verifier`` thread while the next one is read (one chunk, or one core: each in turn
-    here); a chunk is read once no more than ``STREAM_WINDOW`` earlier ones are still out.
+    """Read ``stream`` chunk by chunk, each into staging of its own (or straight into its
+    ``targets``), verified and landed on a ``verifier`` thread while the next one is read (one
+    chunk, or one core: each in turn here); a chunk is read once no more than
+    ``STREAM_WINDOW`` earlier ones are still out.
 
     Raises:
         Exception: the store's or the landing's, once every chunk's staging is back.
@@ -95,15 +103,20 @@ def read_streamed(stream: Stream, store: Store, arena: StagingArena, bad: pageio
         for k, spans in enumerate(reads):
             if k >= STREAM_WINDOW:
                 checks[k - STREAM_WINDOW]()  # NOTE: bounds the staging out at once
-            staging, piece = pageio.stage_pages(arena, [
-                (stream.pools[pool][0], stream.pools[pool][1][first : first + count])
-                for pool, first, count in spans], size)  # fmt: skip
-            try:
-                fetched = pageio.fetch(store, piece)
-            except BaseException:
-                arena.release(*staging)
-                raise
-            check = functools.partial(land, spans, piece, fetched, staging)
+            direct = scatter_targets(stream, spans) if store.scatters else None
+            if direct is not None:
+                check = functools.partial(pageio.check_scattered, store, direct,
+                                          pageio.fetch_scattered(store, direct), bad=bad)
+            else:
+                staging, piece = pageio.stage_pages(arena, [
+                    (stream.pools[pool][0], stream.pools[pool][1][first : first + count])
+                    for pool, first, count in spans], size)  # fmt: skip
+                try:
+                    fetched = pageio.fetch(store, piece)
+                except BaseException:
+                    arena.release(*staging)
+                    raise
+                check = functools.partial(land, spans, piece, fetched, staging)
             if parallel:
                 checks.append(verifier().submit(check).result)
             else:
@@ -112,6 +125,23 @@ def read_streamed(stream: Stream, store: Store, arena: StagingArena, bad: pageio
     finally:  # NOTE: every chunk's staging is back once each check ended
         results = settled(checks)
     return pageio.ReadResult.joined(results)
+
+
+def scatter_targets(stream: Stream,
+                    spans: Sequence[pageio.Span]) -> list[pageio.ScatteredPages] | None:
+    """The chunk's pages as reads straight into their destinations, or None (the stream has
+    no ``targets``, or some span's pages cannot be written so: the chunk goes through
+    staging)."""
+    if stream.targets is None:
+        return None
+    out = []
+    for span in spans:
+        payloads = stream.targets(span)
+        if payloads is None:
+            return None
+        codec, keys = stream.pools[span[0]]
+        out.append(pageio.ScatteredPages(codec, keys[span[1] : span[1] + span[2]], payloads))
+    return out
 
 
 def one_core() -> bool:

@@ -49,6 +49,12 @@ class _FailingRead(MemoryStore):
             raise OSError("the store went away")
         return super().get_into(keys, buffers)
 
+    def get_scattered(self, keys, targets):  # type: ignore[no-untyped-def]
+        self.reads += 1
+        if self.reads == self.fail_at:
+            raise OSError("the store went away")
+        return super().get_scattered(keys, targets)
+
 
 def _two_pools(store: MemoryStore, arena: StagingArena
                ) -> tuple[list[pageio.Codec], list[list[str]], list[torch.Tensor]]:
@@ -258,9 +264,10 @@ class _CountingArena(StagingArena):
 
 
 def _streamed(store: MemoryStore, codecs: list[pageio.Codec], keys: list[list[str]],
-              arena: StagingArena, land=None):  # type: ignore[no-untyped-def]
+              arena: StagingArena, land=None, direct: bool = False):  # type: ignore[no-untyped-def]
     """A streamed LOAD of two pools into fresh host rows: (completion, rows per pool, spans
-    landed, whether verify threads ran)."""
+    landed, whether verify threads ran). ``direct``: each page read straight into its row,
+    in two pieces (``Stream.targets``); the spans are then those it was asked for."""
     from radixlink.pages.engine import Job, TransferEngine, TransferKind
     from radixlink.pages.stream import Stream
 
@@ -276,38 +283,51 @@ def _streamed(store: MemoryStore, codecs: list[pageio.Codec], keys: list[list[st
             page += count
         landed.extend(spans)
 
+    def targets(span):  # type: ignore[no-untyped-def]
+        pool, first, count = span
+        landed.append(span)
+        views = [memoryview(rows[pool][first + i].numpy()) for i in range(count)]
+        return [(view[:10], view[10:]) for view in views]
+
     engine = TransferEngine(store, 2, arena)
     try:
-        stream = Stream(list(zip(codecs, keys)), land or copy)
+        stream = Stream(list(zip(codecs, keys)), land or copy, targets if direct else None)
         done = engine.run(Job(kind=TransferKind.LOAD, parts=(), stream=stream))
     finally:
         engine.close()
     return done, rows, landed, engine._verify is not None
 
 
+@pytest.mark.parametrize("path", ["staging", "direct"])
 @pytest.mark.parametrize("cores", ["one", "all"])
 @pytest.mark.parametrize("chunk_pages", [1, 2, 100])
 def test_a_streamed_load_lands_each_verified_chunk_with_bounded_staging(
-        chunk_pages: int, cores: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        chunk_pages: int, cores: str, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A streamed load reads each chunk into staging of its own, verifies it and hands it to
     ``Stream.land``, on a verify thread while the next is read when the thread may run on
     more than one core, else each in turn: two pools (6 and 3 pages) land every page, in
     spans that cover each pool once; with the damage of ``_damage`` the reasons come in page
     order and no bad page lands. At most ``STREAM_WINDOW`` + 1 chunks of staging are out at
-    once (one on one core), and none is out when the job ends."""
+    once (one on one core), and none is out when the job ends.
+
+    ``direct`` (``Stream.targets``, from a store that ``scatters``): the pages are read
+    straight into their rows and verified there: the same verdicts, no staging at all and no
+    ``land``; a bad page has written its row (the caller's slots, private to the load), a
+    missing one has not."""
     import os
 
     allowed = os.sched_getaffinity(0)
     if cores == "one":
         os.sched_setaffinity(0, {min(allowed)})  # NOTE: this thread; the engine's inherit it
     try:
-        _stream_and_check(chunk_pages, cores == "one" or len(allowed) == 1, monkeypatch)
+        _stream_and_check(chunk_pages, cores == "one" or len(allowed) == 1, monkeypatch,
+                          direct=path == "direct")
     finally:
         os.sched_setaffinity(0, allowed)
 
 
-def _stream_and_check(chunk_pages: int, one_core: bool,
-                      monkeypatch: pytest.MonkeyPatch) -> None:
+def _stream_and_check(chunk_pages: int, one_core: bool, monkeypatch: pytest.MonkeyPatch, *,
+                      direct: bool) -> None:
     from radixlink.pages import stream as stream_module
     from radixlink.pages.engine import TransferStatus
 
@@ -315,37 +335,45 @@ def _stream_and_check(chunk_pages: int, one_core: bool,
     codecs, keys, data = _two_pools(store, arena)
     stride = frame_stride(codecs[0].frame_bytes)
     monkeypatch.setattr(stream_module, "CHUNK_BYTES", chunk_pages * stride)
-    done, rows, landed, threaded = _streamed(store, codecs, keys, arena)
+    copied: list[object] = []
+    land = (lambda *args: copied.append(args)) if direct else None
+    arena.most = 0  # NOTE: the saves above used staging; the load is counted from here
+    done, rows, landed, threaded = _streamed(store, codecs, keys, arena, land, direct)
     assert done.ok and done.read is not None and done.read.reasons == [None] * 9
     assert all(torch.equal(r, d) for r, d in zip(rows, data))
     pages = sorted((pool, first + i) for pool, first, count in landed for i in range(count))
     assert pages == [(0, i) for i in range(6)] + [(1, i) for i in range(3)]
-    assert arena.out == 0
-    assert arena.most <= (1 if one_core else stream_module.STREAM_WINDOW + 1)
+    assert arena.out == 0 and not copied
+    if direct:
+        assert arena.most == 0  # NOTE: headers and tags only, in a small read of their own
+    else:
+        assert arena.most <= (1 if one_core else stream_module.STREAM_WINDOW + 1)
     assert threaded == (not one_core and chunk_pages < 100)
     if chunk_pages < 100:
         assert len(landed) > stream_module.STREAM_WINDOW + 1  # the bound was exercised
     _damage(store, keys[0])
-    done, rows, _, _ = _streamed(store, codecs, keys, arena)
+    done, rows, _, _ = _streamed(store, codecs, keys, arena, land, direct)
     assert done.status is TransferStatus.MISSING and done.read is not None
     assert done.read.reasons == [None, "checksum", None, None, "truncated", "missing",
                                  None, None, None]
     assert store.exists(keys[0]) == [True, False, True, True, False, False]
     assert all(torch.equal(rows[0][i], data[0][i]) for i in (0, 2, 3))
-    assert all(not rows[0][i].any() for i in (1, 4, 5))  # NOTE: random pages are never zero
-    assert arena.out == 0
+    unwritten = (5,) if direct else (1, 4, 5)
+    assert all(not rows[0][i].any() for i in unwritten)  # NOTE: random pages are never zero
+    assert arena.out == 0 and not copied
 
 
-@pytest.mark.parametrize("failure", ["store", "land"])
+@pytest.mark.parametrize("failure", ["store", "land", "direct read"])
 def test_a_streamed_load_that_fails_gives_every_chunks_staging_back(
         failure: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A store error on the third chunk, or a landing that raises on the second, ends the
-    streamed load as STORE_ERROR with the error in its detail, nothing raised, and every
-    chunk's staging back in the arena."""
+    """A store error on the third chunk (through staging, or read straight into the
+    targets), or a landing that raises on the second, ends the streamed load as STORE_ERROR
+    with the error in its detail, nothing raised, and every chunk's staging back in the
+    arena."""
     from radixlink.pages import stream as stream_module
     from radixlink.pages.engine import TransferStatus
 
-    store, arena = _FailingRead(3 if failure == "store" else 0), _CountingArena()
+    store, arena = _FailingRead(0 if failure == "land" else 3), _CountingArena()
     codec = pageio.make_codec("fp", PAGE)
     keys = PageKeys().keys(PoolName.KV, HASHES, "ab")
     assert _save(store, codec, keys, _pages(6, seed=1), arena).ok
@@ -358,9 +386,10 @@ def test_a_streamed_load_that_fails_gives_every_chunks_staging_back(
             raise RuntimeError("a landing bug")
 
     done, _, _, _ = _streamed(store, [codec], [keys], arena,
-                              land=land if failure == "land" else None)
+                              land=land if failure == "land" else None,
+                              direct=failure == "direct read")
     assert done.status is TransferStatus.STORE_ERROR
-    assert ("went away" if failure == "store" else "landing bug") in done.detail
+    assert ("landing bug" if failure == "land" else "went away") in done.detail
     assert arena.out == 0 and arena.most <= stream_module.STREAM_WINDOW + 1
 
 

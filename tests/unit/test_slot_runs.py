@@ -83,6 +83,45 @@ def test_device_pool_layers_land_where_a_row_by_row_copy_puts_them(
     assert all(int(m[untouched].count_nonzero()) == 0 for m in memory)
 
 
+@pytest.mark.parametrize("kind", ["one run", "three runs", "scattered"])
+@pytest.mark.parametrize("rows", [1, PAGE])
+def test_payload_views_are_where_each_page_lands(kind: str, rows: int) -> None:
+    """``payload_views`` (a load read straight into the pools): each page's views, filled
+    one after another with its stored payload, put every row where ``write`` does and
+    nothing anywhere else; read back through ``read_pages``. Rows that are not dense, or a
+    page whose rows are not consecutive slots, have no views (the load goes through
+    staging); a slot past the pool's end is a ValueError."""
+    gen = torch.Generator().manual_seed(5)
+    memory = [torch.zeros(64 * rows, HEADS, DIM, dtype=dtype)
+              for dtype in (torch.float32, torch.float16) for _ in range(LAYERS)]
+    view = PoolView(PoolName.KV, {i: (memory[i], memory[LAYERS + i]) for i in range(LAYERS)},
+                    rows_per_page=rows)
+    pages = _pages(kind, 12, 64, gen)
+    data = torch.randint(0, 256, (12, view.page_bytes), dtype=torch.uint8, generator=gen)
+    targets = view.payload_views(_slots(pages, rows))
+    assert targets is not None and len(targets) == 12
+    for page, views in zip(data, targets, strict=True):
+        assert len(views) == 2 * LAYERS
+        pos = 0
+        for piece in views:
+            piece[:] = page.numpy()[pos : pos + piece.nbytes]
+            pos += piece.nbytes
+        assert pos == view.page_bytes
+    assert torch.equal(view.read_pages(_slots(pages, rows)), data)
+    untouched = torch.ones(64 * rows, dtype=torch.bool)
+    untouched[_slots(pages, rows)] = False
+    assert all(int(m[untouched].count_nonzero()) == 0 for m in memory)
+    spaced = [torch.zeros(64 * rows, HEADS, 2 * DIM)[..., :DIM] for _ in range(2)]
+    assert PoolView(PoolName.KV, {0: tuple(spaced)}, rows_per_page=rows).payload_views(
+        _slots(pages, rows)) is None
+    if rows > 1:
+        gappy = _slots(pages, rows).clone()
+        gappy[1] += 1
+        assert view.payload_views(gappy) is None
+    with pytest.raises(ValueError, match="outside its"):
+        view.payload_views(_slots([64], rows))
+
+
 def test_runs_follow_the_slots_and_a_page_with_gaps_is_indexed() -> None:
     assert SlotRuns.plan(_slots([3, 4, 5, 9, 10], 4), 4, 1 << 20, torch.device("cpu")).runs \
         == ((0, 3, 12), (3, 2, 36))

@@ -75,6 +75,9 @@ class PoolView:
         self.page_bytes = offset
         self.device = parts[0].tensor.device
         self._numpy = all(p.rows is not None for p in parts)  # CPU tensors: copy_runs lands
+        # NOTE: each tensor's bytes as one flat view, made once: a page's rows are a slice
+        self._flat = tuple((memoryview(p.rows).cast("B"), p.row_bytes) for p in parts
+                           if p.rows is not None) if self._numpy else ()
 
     @property
     def layer_ids(self) -> list[int]:
@@ -106,6 +109,41 @@ class PoolView:
             return page_index(slots, self.rows_per_page, self.device)
         except ValueError as exc:
             raise ValueError(f"pool {self.name.value}: {exc}") from None
+
+    def payload_views(self, slots: torch.Tensor) -> list[tuple[memoryview, ...]] | None:
+        """Per page at ``slots`` the writable byte views its stored payload fills, in the
+        page's order (its rows in each tensor, layer after layer): a load reads its pages
+        straight into them (``Stream.targets``). None where pages cannot be written so: the
+        pool is on a device or its rows are not dense, or a page's rows are not consecutive
+        slots.
+
+        Raises:
+            ValueError: ``slots`` is not a whole number of pages, or names a slot the pool
+                does not have.
+        """
+        if not self._numpy:
+            return None
+        index = self._index(slots).numpy()
+        per_page = self.rows_per_page
+        if per_page > 1 and not bool(
+            (index[:, 1:] == index[:, :1] + np.arange(1, per_page)).all()
+        ):
+            return None
+        firsts = index[:, 0]
+        num_slots = int(self._parts[0].tensor.shape[0])
+        if int(firsts.min()) < 0 or int(firsts.max()) + per_page > num_slots:
+            raise ValueError(f"pool {self.name.value}: slots {int(firsts.min())}.."
+                             f"{int(firsts.max()) + per_page - 1} are outside its "
+                             f"{num_slots} slots")
+        cuts: dict[int, list[slice]] = {}  # NOTE: per row size, the pages' slices (one set
+        columns = []  # for most pools), each applied to every tensor in C
+        for flat, row_bytes in self._flat:
+            if row_bytes not in cuts:
+                starts = (firsts * row_bytes).tolist()
+                width = row_bytes * per_page
+                cuts[row_bytes] = list(map(slice, starts, [a + width for a in starts]))
+            columns.append(list(map(flat.__getitem__, cuts[row_bytes])))
+        return list(zip(*columns))
 
     def read_pages(self, slots: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """The pages at ``slots`` as a CPU ``uint8 [num_pages, page_bytes]`` tensor: ``out``

@@ -196,16 +196,23 @@ class LayerLanding:
 
 
 class ChunkLanding:
-    """Where a verified load batch goes on CPU pools (a ``Stream.land``): each chunk, every
-    layer at once, as soon as it is verified, on the thread that checked it (while the next
-    chunk is read, given a second core), its staging still in cache. Every layer is reported
-    to ``counter`` once the whole batch landed (``finish``), or all of them fail.
+    """Where a verified load batch goes on CPU pools (a ``Stream``): each page read straight
+    into its slots' rows (``targets``: one copy, from a store that ``scatters``) and verified
+    there; or, from other stores, each chunk landed from staging (``land``), every layer at
+    once, as soon as it is verified, on the thread that checked it (while the next chunk is
+    read, given a second core). Every layer is reported to ``counter`` once the whole batch
+    landed (``finish``), or all of them fail.
+
+    Read through staging, a load copied every byte twice (page cache -> staging -> pool),
+    and the two copies, side by side on two cores, slowed each other about 2x (16 MiB: read
+    2.1-2.6 ms alone, 3.7-4.7 beside a landing; measured in a plain process).
 
     Layer by layer, the copies ran beside the forward computing the layers already landed
     and took twice as long (16-20 ms against 7-11 ms for 47 MB of SmolLM2, measured inside
-    SGLang on CPU), with no TTFT gained: the forward waits on layer 0 anyway. A chunk with a bad
-    page lands nothing; the other chunks land, into slots only this batch holds, and the batch
-    fails (SGLang aborts its requests and frees the slots).
+    SGLang on CPU), with no TTFT gained: the forward waits on layer 0 anyway. A bad page fails
+    the batch: what was written went into slots only this batch holds, which SGLang frees
+    when it aborts the batch's requests (a chunk through staging with a bad page lands
+    nothing).
 
     Args:
         index: the batch's counter index.
@@ -226,6 +233,15 @@ class ChunkLanding:
     def land_s(self) -> float:
         """The copies' time, summed over chunks (they overlap the reads)."""
         return sum(self.seconds)
+
+    def targets(self, span: pageio.Span) -> list[tuple[memoryview, ...]] | None:
+        """Per page of ``span`` its payload's views in the pools (``PoolView.payload_views``),
+        or None (it lands from staging)."""
+        pool, first, count = span
+        move = self.moves[pool]
+        rows = move.view.rows_per_page
+        return move.view.payload_views(move.slots.reshape(-1)[first * rows : (first + count) *
+                                                              rows])
 
     def land(self, spans: Sequence[pageio.Span], piece: Sequence[pageio.PageFrames],
              read: pageio.ReadResult) -> None:
@@ -264,7 +280,7 @@ def load_job(arena: StagingArena, index: int, moves: Sequence[PageMove], counter
             finally:  # NOTE: the batch must end for SGLang even if the counter raised
                 done(completion)
 
-        stream = Stream([(m.codec, m.keys) for m in moves], chunks.land)
+        stream = Stream([(m.codec, m.keys) for m in moves], chunks.land, chunks.targets)
         return Job(kind=TransferKind.LOAD, parts=(), stream=stream, done=ended), chunks
     staging, parts = pageio.stage_pages(arena, [(m.codec, m.keys) for m in moves])
     landing = LayerLanding(index, moves, [p.frames for p in parts], counter, num_layers, sync)
