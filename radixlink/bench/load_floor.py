@@ -23,7 +23,9 @@ def raw_rates(url: str, repeat: int = 3) -> dict[str, Any]:
     set together: the read, the check (xxh3, or the keyed BLAKE3 tag of a sealed store) of
     every page, and the copy into 4 KiB-paged memory as vLLM's KV blocks are. On one core
     they add up (``bound_GBps``); on two, the read of one chunk at best overlaps the check and
-    copy of the one before (``two_core_bound_GBps``: the slower of the two sides), and
+    copy of the one before (``two_core_bound_GBps``: the slower of the two sides). A load read
+    straight into the pools makes no copy: its bounds are the read and the check
+    (``direct_bound_GBps``, ``direct_two_core_bound_GBps``). And
     ``read_beside_memcpy_GBps`` is the read while another thread makes one memcpy of as many
     bytes: an upper bound on what that overlap is worth (an engine's landing is many smaller
     copies, whose Python between calls holds the GIL the read needs)."""
@@ -70,7 +72,9 @@ def raw_rates(url: str, repeat: int = 3) -> dict[str, Any]:
             "one_core": {"read_GBps": gbps(one_read), "check_GBps": gbps(one_check),
                          "copy_GBps": gbps(one_copy),
                          "bound_GBps": gbps(one_read + one_check + one_copy),
-                         "two_core_bound_GBps": gbps(max(one_read, one_check + one_copy))}}
+                         "two_core_bound_GBps": gbps(max(one_read, one_check + one_copy)),
+                         "direct_bound_GBps": gbps(one_read + one_check),
+                         "direct_two_core_bound_GBps": gbps(max(one_read, one_check))}}
 
 
 def _together(first: Callable[[], Any], second: Callable[[], Any]) -> float:

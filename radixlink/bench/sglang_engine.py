@@ -212,8 +212,10 @@ def main(argv: list[str]) -> int:
               f"read of the same store, {load['raw_read_GBps']} GB/s; memcpy "
               f"{load['memcpy_GBps']} GB/s; read, check and copy each alone on one core: "
               f"{load['one_core']['bound_GBps']} GB/s; overlapped on two: "
-              f"{load['one_core']['two_core_bound_GBps']} GB/s; the read beside a memcpy on "
-              f"the other core: {load['read_beside_memcpy_GBps']} GB/s)")
+              f"{load['one_core']['two_core_bound_GBps']} GB/s; read and check alone, read "
+              f"straight into the pools: {load['one_core']['direct_bound_GBps']} GB/s on one "
+              f"core, {load['one_core']['direct_two_core_bound_GBps']} GB/s on two; the read "
+              f"beside a memcpy on the other core: {load['read_beside_memcpy_GBps']} GB/s)")
     print(f"sealed / unsealed linker load inside the engine: "
           f"{result['sealed_vs_unsealed_load']}x")
     print(f"outputs identical across cases: {result['outputs_identical_across_cases']}")

@@ -49,6 +49,9 @@ class PagedGroup:
         # NOTE: gathers run on raw bytes: CPU index_select of uint8 rows is a row memcpy,
         # ~10x faster than of fp16 rows (radixlink.bench.vllm_connector measures it).
         self._flat = [_flat_blocks(v) for v in self._views]
+        # NOTE: payload_views's: each layer's blocks as one flat byte view and the stride
+        # between blocks, made on first use
+        self._bytes: list[tuple[memoryview, int]] | None = None
         self.num_blocks = int(first.shape[0])
         self.dtype = first.dtype
         self.device = first.device
@@ -56,6 +59,28 @@ class PagedGroup:
         self.layer_page_elems = int(torch.Size(self._inner_shape).numel())
         self.layer_page_bytes = self.layer_page_elems * first.element_size()
         self.page_bytes = self.layer_page_bytes * self.num_layers
+
+    def payload_views(self, block_ids: Sequence[int]) -> list[tuple[memoryview, ...]] | None:
+        """Per block the writable byte views a stored page fills, in the page's order (the
+        block's run in each layer): a load reads its pages straight into them
+        (``Stream.targets``). None where blocks cannot be written so: KV off the host, or a
+        layout whose blocks are not one run per layer.
+
+        Raises:
+            ValueError: a block id outside ``[0, num_blocks)``.
+        """
+        if self.device.type != "cpu" or not self.block_contiguous:
+            return None
+        if any(not 0 <= b < self.num_blocks for b in block_ids):
+            raise ValueError(f"block ids {list(block_ids)[:8]} are not all within "
+                             f"[0, {self.num_blocks})")
+        if self._bytes is None:
+            self._bytes = [_byte_span(f) for f in self._flat if f is not None]
+        size, out = self.layer_page_bytes, []
+        for flat, stride in self._bytes:  # NOTE: the slices built and applied in C
+            cuts = [slice(b * stride, b * stride + size) for b in block_ids]
+            out.append(list(map(flat.__getitem__, cuts)))
+        return list(zip(*out))
 
     @property
     def block_contiguous(self) -> bool:
@@ -168,6 +193,15 @@ def _dim_name(ndim: int, dim: int) -> str:
     """Letter of a logical dimension: H, N, C for 4-D views; K(ernel block) first for 5-D."""
     names = _DIM_NAMES if ndim == 4 else "K" + _DIM_NAMES
     return names[dim - 1] if dim - 1 < len(names) else f"d{dim}"
+
+
+def _byte_span(flat: torch.Tensor) -> tuple[memoryview, int]:
+    """A host ``[blocks, bytes]`` uint8 view (rows contiguous, maybe spaced) as one writable
+    byte view from its first block's first byte to its last block's last, and the stride
+    between blocks."""
+    stride = flat.stride(0)
+    span = (flat.shape[0] - 1) * stride + flat.shape[1]
+    return memoryview(flat.as_strided((span,), (1,)).numpy()), stride
 
 
 def _flat_blocks(view: torch.Tensor) -> torch.Tensor | None:

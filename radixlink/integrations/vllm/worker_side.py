@@ -5,10 +5,11 @@ and corrupt-page policy), with completions drained on the model runner's thread.
 Owns the codecs, the in-flight save budget and the finished loads of one worker. Where a load's
 pages land depends on where the KV lives:
 
-- on the host (a CPU engine), each chunk of verified pages is copied into its blocks on the
-  thread that checked it, while the next chunk is read (``ChunkLanding``): vLLM gives a loading
-  request's blocks to no one else and runs nothing on them until the load is reported
-  finished, so the copies need no ordering with the model;
+- on the host (a CPU engine), each page is read straight into its block and verified there
+  (from a store that ``scatters``), or each chunk of verified pages is copied into its blocks
+  on the thread that checked it, while the next chunk is read (``ChunkLanding``): vLLM gives a
+  loading request's blocks to no one else and runs nothing on them until the load is reported
+  finished, so the writes need no ordering with the model;
 - on a device, writes happen only on the model runner's thread (``transfer_results``), ordered
   with the model's own kernels: the verified frames wait in staging for the scatter.
 
@@ -174,7 +175,7 @@ class WorkerSide:
         if self._groups and all(g.device.type == "cpu" for g in self._groups.values()):
             landing = ChunkLanding(self._groups, plan)
             job = Job(kind=TransferKind.LOAD, parts=(),
-                      stream=Stream(plan.pools(self._codecs), landing.land))
+                      stream=Stream(plan.pools(self._codecs), landing.land, landing.targets))
         else:
             try:
                 staging, parts = pageio.stage_pages(self._engine.arena,
@@ -380,9 +381,12 @@ class WorkerSide:
 
 
 class ChunkLanding:
-    """Copies each verified chunk of a streamed load into its blocks, on the thread that
-    checked it (host KV only; see the module docstring): a CPU worker's ``Stream.land``. A bad
-    page is not copied; the split reports its blocks bad.
+    """Where a streamed load's pages go on host KV (see the module docstring): each page read
+    straight into its block (``targets``: one copy, from a store that ``scatters``), where a
+    page lands in one block only; else each verified chunk copied into its blocks on the
+    thread that checked it (``land``). A bad page is not copied from staging, but read
+    straight in, it has written its block; either way the split reports the block bad (vLLM
+    recomputes it, and gives a loading request's blocks to no one else).
 
     Args:
         groups: the worker's groups by id.
@@ -393,6 +397,17 @@ class ChunkLanding:
         by_row = plan.blocks_by_row()
         self._targets = [(groups[gid], by_row[gid]) for gid in plan.keys]
         self.seconds: list[float] = []  # NOTE: appended from several verify threads
+
+    def targets(self, span: pageio.Span) -> list[tuple[memoryview, ...]] | None:
+        """Per page of ``span`` the views of its one block (``PagedGroup.payload_views``), or
+        None (a page lands in several requests' blocks, or the layout has no such views: the
+        chunk goes through staging)."""
+        pool, first, count = span
+        group, by_row = self._targets[pool]
+        blocks = by_row[first : first + count]
+        if any(len(b) != 1 for b in blocks):
+            return None
+        return group.payload_views([b[0] for b in blocks])
 
     def land(self, spans: Sequence[pageio.Span], piece: Sequence[pageio.PageFrames],
              read: pageio.ReadResult) -> None:

@@ -145,20 +145,26 @@ def test_a_save_that_cannot_stage_is_dropped_not_raised_into_the_worker(nodes, m
     assert _page_keys(file_url) == []  # nothing was written
 
 
+@pytest.mark.parametrize("broken_at", ["scatter", "payload_views"])
 def test_a_scatter_that_raises_fails_the_load_not_the_worker(nodes, model_dir, file_url,
-                                                             monkeypatch):
-    """Scattering verified pages into vLLM's blocks raises (a bug, a device error): the load
-    fails and vLLM recomputes the request; nothing raises out of get_finished."""
+                                                             monkeypatch, broken_at):
+    """Landing verified pages in vLLM's blocks raises (a bug, a device error): copying them
+    from staging (``scatter``; the direct read turned off), or finding the blocks a direct
+    read goes into (``payload_views``): the load fails and vLLM recomputes the request;
+    nothing raises out of get_finished."""
     from radixlink.integrations.vllm.pages import PagedGroup
+    from radixlink.integrations.vllm.worker_side import ChunkLanding
 
     prompt = _prompt(35, 100)
     _store_one(nodes, model_dir, file_url, prompt)
     node2 = nodes(model_dir, file_url)
 
-    def broken(self, block_ids, pages, rows=None):
+    def broken(self, *args, **kwargs):
         raise RuntimeError("scatter bug")
 
-    monkeypatch.setattr(PagedGroup, "scatter", broken)
+    monkeypatch.setattr(PagedGroup, broken_at, broken)
+    if broken_at == "scatter":
+        monkeypatch.setattr(ChunkLanding, "targets", lambda self, span: None)
     node2.add("b", prompt)
     assert _first_run(node2, "b") == (0, 100)  # the load failed: all 100 tokens computed
     node2.run()

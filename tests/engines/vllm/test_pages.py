@@ -52,3 +52,38 @@ def test_scatter_lands_strided_rows_in_many_blocks() -> None:
     assert torch.equal(group.gather([0, 1, 2]), src[[1, 0, 1]])
     with pytest.raises(ValueError, match="one row per block"):
         group.scatter([0, 1], rows, [0, 2])  # row 2 does not exist
+
+
+@pytest.mark.parametrize("layout", ["block first", "K and V outside the blocks", "strided"])
+def test_payload_views_are_where_a_page_lands(layout: str) -> None:
+    """``payload_views`` (a load read straight into the blocks): a block's views, filled one
+    after another with a page, put it where ``scatter`` does (``gather`` reads it back) and
+    write no other block; with K and V outside the block dimension (each layer's block a run
+    of a spaced tensor) as well. A layout whose blocks are not one run has no views; a block
+    id out of range is a ValueError."""
+    torch.manual_seed(1)
+    if layout == "block first":
+        group = _group()
+    elif layout == "K and V outside the blocks":  # NOTE: [2, blocks, ...]: a layer is K or V
+        group = PagedGroup([torch.randn(2, 12, 4, 2, 8)[k].permute(0, 2, 1, 3)
+                            for k in range(2) for _ in range(2)])
+    else:  # NOTE: [head, block, token, content]: a block's head rows are spaced
+        group = PagedGroup([torch.randn(2, 12, 4, 8).permute(1, 0, 2, 3) for _ in range(2)])
+        assert group.payload_views([1]) is None
+        return
+    before = group.gather(list(range(12)))
+    pages = torch.randint(0, 256, (2, group.page_bytes), dtype=torch.uint8)
+    views = group.payload_views([5, 2])
+    assert views is not None and len(views) == 2
+    for page, pieces in zip(pages, views, strict=True):
+        assert len(pieces) == group.num_layers
+        pos = 0
+        for piece in pieces:
+            piece[:] = page.numpy()[pos : pos + piece.nbytes]
+            pos += piece.nbytes
+        assert pos == group.page_bytes
+    assert torch.equal(group.gather([5, 2]), pages)
+    others = [b for b in range(12) if b not in (5, 2)]
+    assert torch.equal(group.gather(others), before[others])
+    with pytest.raises(ValueError, match="not all within"):
+        group.payload_views([12])
