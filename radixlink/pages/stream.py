@@ -2,7 +2,8 @@
 and, for a ``Stream``, each chunk into staging of its own, landed as soon as it is checked and
 given back at once (``read_streamed``), so a load holds at most ``STREAM_WINDOW`` + 1 chunks of
 staging whatever its size. A stream whose pages can be written where they land (``targets``)
-is read straight into them from a store that ``scatters``: one copy instead of two.
+is read straight into them from a store that ``scatters``: one copy instead of two, each chunk
+checked on the reading thread once it is read.
 
 Given a second core, chunks are checked on the engine's verify threads while the next is read;
 on a thread bound to one core (``one_core``: vLLM's CPU worker binds its threads to the cores
@@ -117,7 +118,12 @@ def read_streamed(stream: Stream, store: Store, arena: StagingArena, bad: pageio
                     arena.release(*staging)
                     raise
                 check = functools.partial(land, spans, piece, fetched, staging)
-            if parallel:
+            # NOTE: a chunk read straight into its targets is checked here, in turn: the
+            # xxhash binding holds the GIL through each update (60 a page, one per pool row),
+            # so on a verify thread it made every syscall return of this read wait for the
+            # GIL (SGLang on CPU: 3.35 GB/s median a load that way, 3.95 in turn; sealed,
+            # whose BLAKE3 pass lets the GIL go, 2.15 and 2.07: measured)
+            if parallel and direct is None:
                 checks.append(verifier().submit(check).result)
             else:
                 read = check()
