@@ -265,8 +265,9 @@ def fetch_scattered(store: Store, parts: Sequence[ScatteredPages]) -> ScatterFet
         size = HEADER_BYTES + tag
         small = memoryview(bytearray(count * size))
         for i, payload in enumerate(part.payloads):
-            head, tail = small[i * size : i * size + HEADER_BYTES], small[
-                i * size + HEADER_BYTES : (i + 1) * size]
+            start = i * size
+            head = small[start : start + HEADER_BYTES]
+            tail = small[start + HEADER_BYTES : start + size]
             heads.append(head)
             tails.append(tail)
             targets.append([head, *payload, tail])

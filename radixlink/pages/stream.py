@@ -78,10 +78,10 @@ def chunk_bytes(codecs: Sequence[pageio.PageCodec]) -> int:
 
 def read_streamed(stream: Stream, store: Store, arena: StagingArena, bad: pageio.BadKeys,
                   verifier: Callable[[], ThreadPoolExecutor]) -> pageio.ReadResult:
-    """Read ``stream`` chunk by chunk, each into staging of its own (or straight into its
-    ``targets``), verified and landed on a ``verifier`` thread while the next one is read (one
-    chunk, or one core: each in turn here); a chunk is read once no more than
-    ``STREAM_WINDOW`` earlier ones are still out.
+    """Read ``stream`` chunk by chunk, each into staging of its own, verified and landed on a
+    ``verifier`` thread while the next one is read (one chunk, or one core: each in turn
+    here); or, straight into its ``targets``, verified here in turn. A chunk is read once no
+    more than ``STREAM_WINDOW`` earlier ones are still out.
 
     Raises:
         Exception: the store's or the landing's, once every chunk's staging is back.
