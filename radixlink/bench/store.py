@@ -38,8 +38,8 @@ from radixlink.cmdargs import CommandParser, int_at_least
 from radixlink.contract import PoolName
 from radixlink.pages.pageio import Codec, make_codec
 from radixlink.stores import Store, open_store, page_key, parse_size
-from radixlink.stores.codec import CHECKSUM_CRC32, CHECKSUM_XXH3, HEADER_BYTES
 from radixlink.stores.directory import DirectoryStore
+from radixlink.stores.pageformat import CHECKSUM_CRC32, CHECKSUM_XXH3, HEADER_BYTES
 from radixlink.stores.seal import MAC_IDS
 
 Op = Callable[[], object]

@@ -21,8 +21,8 @@ from radixlink.config import CacheConfig
 from radixlink.contract import InsertParams
 from radixlink.linker.core import ExternalCacheLinker
 from radixlink.memory.layout import KVLayout
-from radixlink.stores.codec import HEADER_BYTES
 from radixlink.stores.memory import MemoryStore
+from radixlink.stores.pageformat import HEADER_BYTES
 
 _NO_LIMIT = 1 << 62
 

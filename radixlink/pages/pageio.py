@@ -25,15 +25,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlink.pages.staging import Frames, StagingArena, frames_bytes, layout_frames
-from radixlink.stores import codec as codec_module
 from radixlink.stores.base import Store
-from radixlink.stores.codec import HEADER_BYTES, PageCodec
+from radixlink.stores.codec import PageCodec
+from radixlink.stores.pageformat import HEADER_BYTES, SHORT  # SHORT: callers' miss reason
 
 logger = logging.getLogger(__name__)
 
 Codec = PageCodec  # NOTE: the one name callers outside stores/ use for a pool's codec
 MISSING = "missing"  # the reason of a miss the codec does not see
-SHORT = codec_module.SHORT  # a whole page of a shorter payload than its pool's
 _MAX_BAD_KEYS = 1 << 16  # bad keys remembered until rewritten; then the set starts over
 
 

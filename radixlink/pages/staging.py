@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlink.stores.codec import HEADER_BYTES
+from radixlink.stores.pageformat import HEADER_BYTES
 
 _MIN_CLASS = 1 << 12  # the smallest staging buffer
 ALIGN = 16  # payloads start 16-byte aligned: pools move rows as up to 16-byte elements

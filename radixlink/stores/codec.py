@@ -1,29 +1,41 @@
 """The page payload format of DESIGN.md section 6: a fixed header naming the page's layout,
 store key and (sealed pages) MAC algorithm, the page bytes, and (sealed pages) a tag.
 
-Owns encoding, verification and the miss counters; ``seal.py`` owns the MAC keys and tags.
-Knows nothing of stores or the tree.
+Owns encoding, verification and the miss counters; ``pageformat.py`` owns the page's bytes
+(header layout, checksums, key digest), ``seal.py`` the MAC keys and tags. Knows nothing of
+stores or the tree.
 """
 
 from __future__ import annotations
 
 import hashlib
-import struct
 import threading
-import zlib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-try:  # NOTE: xxh3 runs at memcpy speed; crc32 is ~10x slower and would dominate a memory store.
-    import xxhash
-
-    _xxh3: Callable[[Any], int] | None = xxhash.xxh3_64_intdigest
-except ImportError:  # pragma: no cover - depends on the environment
-    _xxh3 = None
-
+from radixlink.stores.pageformat import (  # noqa: F401  (the format's names: re-exported)
+    CHECKSUM_CRC32,
+    CHECKSUM_NONE,
+    CHECKSUM_XXH3,
+    FLAG_SEALED,
+    FORMAT_VERSION,
+    HEADER,
+    HEADER_BYTES,
+    HEADER_DTYPE,
+    KEY_HASH,
+    KNOWN_MACS,
+    MAGIC,
+    MISS_REASONS,
+    SHORT,
+    checksum_kind,
+    key_digest,
+    page_checksum,
+    page_checksum_of,
+    row_checksum,
+)
 from radixlink.stores.seal import (  # noqa: F401  (MIN_SECRET_BYTES, TAG_BYTES: re-exported)
     DEFAULT_MAC,
     MAC_IDS,
@@ -34,80 +46,6 @@ from radixlink.stores.seal import (  # noqa: F401  (MIN_SECRET_BYTES, TAG_BYTES:
     Sealer,
     check_mac,
 )
-
-# NOTE: 4: the header is 64 bytes (8 reserved, zero), so the payload starts 64-byte aligned
-# in the page: read straight into pool rows (torch aligns them to 64 bytes), a 56-byte header
-# put every source byte 8 bytes behind its destination modulo 4 KiB, and the kernel's copy
-# ran at 0.3-0.4x its speed (4K aliasing; measured). 3: sealed pages name their MAC (byte 7)
-# and carry no checksum; 2 was HMAC-only.
-FORMAT_VERSION = 4
-MAGIC = b"RXLP"
-CHECKSUM_NONE = 0  # sealed pages: the tag detects corruption too
-CHECKSUM_CRC32 = 1
-CHECKSUM_XXH3 = 2
-FLAG_SEALED = 0x01  # a tag follows the payload; byte 7 names its MAC algorithm
-_KNOWN_MACS = frozenset(MAC_IDS.values())
-
-# magic, format version, checksum kind, flags, MAC algorithm id, layout fingerprint digest,
-# store key digest, payload length, checksum, reserved; then the payload, then the tag when
-# sealed.
-#
-#   0     4   5   6     7    8             24            40      48        56       64
-#   |magic|ver|ck |flags|mac | fingerprint | key digest  | length| checksum| reserved| payload
-#   "RXLP" 4   0-2 0|1   0-2  blake2b-128   blake2b-128   u64     u64       u64: 0    <= page
-#              (0: sealed)  (1 blake3, 2 hmac-sha256)           (0: sealed)         bytes
-#   then, sealed: a 32-byte tag
-_HEADER = struct.Struct("<4sBBBB16s16sQQQ")
-HEADER_BYTES = _HEADER.size
-# NOTE: the same layout as a numpy record, to build a batch of headers in a few array ops.
-_HEADER_DTYPE = np.dtype([
-    ("magic", "S4"), ("version", "u1"), ("kind", "u1"), ("flags", "u1"), ("mac", "u1"),
-    ("fingerprint", "V16"), ("key", "V16"), ("length", "<u8"), ("checksum", "<u8"),
-    ("reserved", "<u8"),
-])
-assert _HEADER_DTYPE.itemsize == HEADER_BYTES, "the header record and struct disagree"
-
-SHORT = "short"  # NOTE: a whole page of a shorter payload than its pool's: not counted here
-MISS_REASONS = (
-    "bad_magic", "version", "fingerprint", "key", "auth", "length", "checksum", "truncated",
-)  # fmt: skip
-
-
-def _checksum(kind: int, view: memoryview) -> int | None:
-    if kind == CHECKSUM_XXH3:
-        return _xxh3(view) if _xxh3 is not None else None
-    if kind == CHECKSUM_CRC32:
-        return zlib.crc32(view)
-    return None
-
-
-def _checksum_of(kind: int, pieces: Sequence[memoryview]) -> int | None:
-    """``_checksum`` of the pieces' bytes one after another (streamed: no join)."""
-    if kind == CHECKSUM_XXH3:
-        if _xxh3 is None:
-            return None
-        h = xxhash.xxh3_64()
-        for piece in pieces:
-            h.update(piece)
-        return h.intdigest()  # type: ignore[no-any-return]
-    if kind == CHECKSUM_CRC32:
-        crc = 0
-        for piece in pieces:
-            crc = zlib.crc32(piece, crc)
-        return crc
-    return None
-
-
-# NOTE: copying an initialised blake2b state is ~25% faster than building one with
-# digest_size=16 per page; the base state is never updated, so threads may share it.
-_KEY_HASH = hashlib.blake2b(digest_size=16)
-
-
-def key_digest(key: str) -> bytes:
-    """The 16-byte digest of a store key that a page written under ``key`` carries."""
-    h = _KEY_HASH.copy()
-    h.update(key.encode())
-    return h.digest()
 
 
 def _as_bytes_view(data: Any) -> memoryview:
@@ -174,13 +112,7 @@ class PageCodec:
     ):
         if not isinstance(page_bytes, int) or page_bytes <= 0:
             raise ValueError(f"page_bytes must be a positive int, got {page_bytes!r}")
-        kinds = {"xxh3": CHECKSUM_XXH3, "crc32": CHECKSUM_CRC32}
-        if checksum == "auto":
-            checksum = "xxh3" if _xxh3 is not None else "crc32"
-        if checksum not in kinds:
-            raise ValueError(f"checksum must be 'auto', 'xxh3' or 'crc32', got {checksum!r}")
-        if checksum == "xxh3" and _xxh3 is None:
-            raise ValueError("checksum='xxh3' needs the xxhash package: pip install xxhash")
+        checksum, kind = checksum_kind(checksum)
         own_mac = secret.mac if isinstance(secret, PageSecret) else None
         if mac is not None and own_mac is not None and check_mac(mac) != own_mac:
             raise ValueError(f"mac={mac!r} contradicts the page secret's mac={own_mac!r}; "
@@ -192,13 +124,13 @@ class PageCodec:
         self.page_bytes = page_bytes
         self.checksum = checksum if self._sealer is None else "none"
         self.mac = mac if self._sealer is not None else None
-        self._kind = kinds[checksum] if self._sealer is None else CHECKSUM_NONE
+        self._kind = kind if self._sealer is None else CHECKSUM_NONE
         self._fp_digest = hashlib.blake2b(fingerprint.encode(), digest_size=16).digest()
         self._flags = FLAG_SEALED if self._sealer is not None else 0
         self._mac_id = self._sealer.mac_id if self._sealer is not None else MAC_NONE
         self._tag_bytes = TAG_BYTES if self._sealer is not None else 0
         # NOTE: the constant fields of every header, so encode_frames fills only two per page
-        self._template = np.zeros(1, dtype=_HEADER_DTYPE)
+        self._template = np.zeros(1, dtype=HEADER_DTYPE)
         self._template[["magic", "version", "kind", "flags", "mac", "fingerprint", "length"]] = (
             MAGIC, FORMAT_VERSION, self._kind, self._flags, self._mac_id, self._fp_digest,
             page_bytes)
@@ -240,9 +172,9 @@ class PageCodec:
                 f"{self.page_bytes}; check the pool's page_bytes"
             )
         sealer = self._sealer
-        digest = _checksum(self._kind, view) if sealer is None else 0
+        digest = page_checksum(self._kind, view) if sealer is None else 0
         assert digest is not None, f"checksum kind {self._kind} has no implementation"
-        header = _HEADER.pack(
+        header = HEADER.pack(
             MAGIC, FORMAT_VERSION, self._kind, self._flags, self._mac_id, self._fp_digest,
             key_digest(key), view.nbytes, digest, 0,
         )  # fmt: skip
@@ -284,9 +216,9 @@ class PageCodec:
         if frame.readonly:
             raise ValueError("encode_into needs a writable frame (a bytearray or tensor view)")
         sealer = self._sealer
-        digest = _checksum(self._kind, frame[HEADER_BYTES:end]) if sealer is None else 0
+        digest = page_checksum(self._kind, frame[HEADER_BYTES:end]) if sealer is None else 0
         assert digest is not None, f"checksum kind {self._kind} has no implementation"
-        _HEADER.pack_into(
+        HEADER.pack_into(
             frame, 0, MAGIC, FORMAT_VERSION, self._kind, self._flags, self._mac_id,
             self._fp_digest, key_digest(key), length, digest, 0,
         )  # fmt: skip
@@ -325,7 +257,7 @@ class PageCodec:
         # NOTE: the per-page work in as few Python-level calls as it takes (this is the
         # offload's cost per page): the key digests inline, the checksums over the payload
         # rows as numpy iterates them (each row a contiguous buffer, no slicing per page).
-        copy, digests = _KEY_HASH.copy, []
+        copy, digests = KEY_HASH.copy, []
         for key in keys:
             h = copy()
             h.update(key.encode())
@@ -333,9 +265,7 @@ class PageCodec:
         headers["key"] = np.frombuffer(b"".join(digests), dtype="V16")
         sealer = self._sealer
         if sealer is None:
-            checksum = _xxh3 if self._kind == CHECKSUM_XXH3 else zlib.crc32
-            assert checksum is not None, "xxh3 codecs exist only with xxhash installed"
-            headers["checksum"] = list(map(checksum, rows[:, HEADER_BYTES:]))
+            headers["checksum"] = list(map(row_checksum(self._kind), rows[:, HEADER_BYTES:]))
         rows[:, :HEADER_BYTES] = headers.view(np.uint8).reshape(n, HEADER_BYTES)
         if sealer is not None:  # NOTE: the tag covers the header, so it is written after it
             tag = sealer.tag
@@ -402,7 +332,7 @@ class PageCodec:
             return SHORT  # NOTE: a whole page of a shorter payload: not a page of this pool
         if reason is None:
             sealer = self._sealer
-            if (kind or sealer is None) and _checksum_of(kind, payload) != digest:
+            if (kind or sealer is None) and page_checksum_of(kind, payload) != digest:
                 reason = "checksum"
             elif sealer is not None and not sealer.verify(key, (head, *payload), tail):
                 reason = "auth"
@@ -421,7 +351,7 @@ class PageCodec:
         sealer = self._sealer
         # NOTE: a sealed page's tag covers its payload, so a checksum pass would add nothing;
         # an unsealed page without a checksum (kind 0) is a checksum miss
-        if (kind or sealer is None) and _checksum(kind, view[HEADER_BYTES:end]) != digest:
+        if (kind or sealer is None) and page_checksum(kind, view[HEADER_BYTES:end]) != digest:
             return "checksum", 0
         # NOTE: one pass over the contiguous header + payload, no copy
         if sealer is not None and not sealer.verify(key, view[:end], view[end:]):
@@ -439,11 +369,11 @@ class PageCodec:
             version = head.nbytes > 4 and head[4] != FORMAT_VERSION
             return ("version" if version else "truncated"), 0, 0, 0
         magic, version, kind, flags, mac, fp, kd, length, digest, reserved = (
-            _HEADER.unpack_from(head))
+            HEADER.unpack_from(head))
         if magic != MAGIC:
             return "bad_magic", 0, 0, 0
         if version != FORMAT_VERSION or flags & ~FLAG_SEALED or reserved or (
-            (mac not in _KNOWN_MACS) if flags else mac != MAC_NONE
+            (mac not in KNOWN_MACS) if flags else mac != MAC_NONE
         ):
             return "version", 0, 0, 0  # unknown bits, MAC ids or fields: a format we don't know
         if fp != self._fp_digest:

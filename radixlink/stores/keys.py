@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixlink.contract import PoolName
-from radixlink.stores.codec import FORMAT_VERSION
+from radixlink.stores.pageformat import FORMAT_VERSION
 
 KEY_PREFIX = f"v{FORMAT_VERSION}/"
 DEFAULT_NAMESPACE = "_"  # the namespace id used when a cache has no namespace parts
