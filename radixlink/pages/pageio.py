@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -230,7 +230,7 @@ def check(store: Store, parts: Sequence[PageFrames], fetched: Fetched, *,
 
 @dataclass(frozen=True, slots=True)
 class ScatteredPages:
-    """One pool's pages of a read straight into their destination (``fetch_scattered``):
+    """One pool's pages of a read straight into their destination (``read_scattered``):
     codec, keys and per page the writable views its payload goes to, in order."""
 
     codec: PageCodec
@@ -238,54 +238,43 @@ class ScatteredPages:
     payloads: Sequence[Sequence[memoryview]]
 
 
-@dataclass(frozen=True, slots=True)
-class ScatterFetched:
-    """What ``fetch_scattered`` read: per page its stored length (None: missing), its header
-    and its tag (empty when unsealed), each in a staging of their own."""
-
-    sizes: list[int | None]
-    heads: list[memoryview]
-    tails: list[memoryview]
-
-
-def fetch_scattered(store: Store, parts: Sequence[ScatteredPages]) -> ScatterFetched:
+def read_scattered(store: Store, parts: Sequence[ScatteredPages], *,
+                   bad: BadKeys | None = None) -> ReadResult:
     """One ``get_scattered`` of every part's keys: each page's header and tag into a small
-    staging of this read's, its payload straight into its views (the one copy of a load)."""
+    staging of this read's, its payload straight into its views (the one copy of a load),
+    and each page verified where it lies (``PageCodec.verify_scattered``) as soon as it is
+    read, under ``check``'s policy.
+
+    Verified page by page, a page's bytes are still in the core's cache: over 22 SmolLM2
+    pages (16 MiB in 60 pool tensors) the check took 0.37 ms read by read, 1.05-1.16 ms
+    after the whole chunk was read (measured in a plain process).
+    """
     keys: list[str] = []
     targets: list[list[memoryview]] = []
-    heads: list[memoryview] = []
-    tails: list[memoryview] = []
+    checks: list[tuple[Callable[..., str | None], memoryview, Sequence[memoryview],
+                       memoryview]] = []
     for part in parts:
         codec, count = part.codec, len(part.keys)
         if len(part.payloads) != count:
-            raise ValueError(f"fetch_scattered: {count} keys but {len(part.payloads)} payloads; "
+            raise ValueError(f"read_scattered: {count} keys but {len(part.payloads)} payloads; "
                              "pass one list of views per page")
         tag = codec.frame_bytes - HEADER_BYTES - codec.page_bytes
         size = HEADER_BYTES + tag
         small = memoryview(bytearray(count * size))
         for i, payload in enumerate(part.payloads):
-            start = i * size
-            head = small[start : start + HEADER_BYTES]
-            tail = small[start + HEADER_BYTES : start + size]
-            heads.append(head)
-            tails.append(tail)
+            head = small[i * size : i * size + HEADER_BYTES]
+            tail = small[i * size + HEADER_BYTES : (i + 1) * size]
+            checks.append((codec.verify_scattered, head, payload, tail))
             targets.append([head, *payload, tail])
         keys += part.keys
-    return ScatterFetched(store.get_scattered(keys, targets) if keys else [], heads, tails)
-
-
-def check_scattered(store: Store, parts: Sequence[ScatteredPages], fetched: ScatterFetched, *,
-                    bad: BadKeys | None = None) -> ReadResult:
-    """``check`` for a read ``fetch_scattered`` made: every page verified where it lies
-    (``PageCodec.verify_scattered``), under the same policy."""
-    sizes, heads, tails = fetched.sizes, fetched.heads, fetched.tails
     reasons: list[str | None] = []
-    pos = 0
-    for part in parts:
-        verify = part.codec.verify_scattered
-        for key, payload in zip(part.keys, part.payloads, strict=True):
-            reasons.append(verify(heads[pos], payload, tails[pos], sizes[pos], key))
-            pos += 1
+
+    def each(i: int, size: int | None) -> None:
+        verify, head, payload, tail = checks[i]
+        reasons.append(verify(head, payload, tail, size, keys[i]))
+
+    if keys:
+        store.get_scattered(keys, targets, each)
     return _verdict(store, parts, reasons, bad)
 
 

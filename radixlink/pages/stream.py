@@ -2,8 +2,8 @@
 and, for a ``Stream``, each chunk into staging of its own, landed as soon as it is checked and
 given back at once (``read_streamed``), so a load holds at most ``STREAM_WINDOW`` + 1 chunks of
 staging whatever its size. A stream whose pages can be written where they land (``targets``)
-is read straight into them from a store that ``scatters``: one copy instead of two, each chunk
-checked on the reading thread once it is read.
+is read straight into them from a store that ``scatters``: one copy instead of two, each page
+checked on the reading thread as soon as it is read, while its bytes are in the core's cache.
 
 Given a second core, chunks are checked on the engine's verify threads while the next is read;
 on a thread bound to one core (``one_core``: vLLM's CPU worker binds its threads to the cores
@@ -80,8 +80,9 @@ def read_streamed(stream: Stream, store: Store, arena: StagingArena, bad: pageio
                   verifier: Callable[[], ThreadPoolExecutor]) -> pageio.ReadResult:
     """Read ``stream`` chunk by chunk, each into staging of its own, verified and landed on a
     ``verifier`` thread while the next one is read (one chunk, or one core: each in turn
-    here); or, straight into its ``targets``, verified here in turn. A chunk is read once no
-    more than ``STREAM_WINDOW`` earlier ones are still out.
+    here); or, straight into its ``targets``, each page verified here as soon as it is read
+    (``pageio.read_scattered``). A chunk is read once no more than ``STREAM_WINDOW`` earlier
+    ones are still out.
 
     Raises:
         Exception: the store's or the landing's, once every chunk's staging is back.
@@ -106,24 +107,23 @@ def read_streamed(stream: Stream, store: Store, arena: StagingArena, bad: pageio
                 checks[k - STREAM_WINDOW]()  # NOTE: bounds the staging out at once
             direct = scatter_targets(stream, spans) if store.scatters else None
             if direct is not None:
-                check = functools.partial(pageio.check_scattered, store, direct,
-                                          pageio.fetch_scattered(store, direct), bad=bad)
-            else:
-                staging, piece = pageio.stage_pages(arena, [
-                    (stream.pools[pool][0], stream.pools[pool][1][first : first + count])
-                    for pool, first, count in spans], size)  # fmt: skip
-                try:
-                    fetched = pageio.fetch(store, piece)
-                except BaseException:
-                    arena.release(*staging)
-                    raise
-                check = functools.partial(land, spans, piece, fetched, staging)
-            # NOTE: a chunk read straight into its targets is checked here, in turn: the
-            # xxhash binding holds the GIL through each update (60 a page, one per pool row),
-            # so on a verify thread it made every syscall return of this read wait for the
-            # GIL (SGLang on CPU: 3.35 GB/s median a load that way, 3.95 in turn; sealed,
-            # whose BLAKE3 pass lets the GIL go, 2.15 and 2.07: measured)
-            if parallel and direct is None:
+                # NOTE: checked here, page by page, not on a verify thread: the xxhash binding
+                # lets the GIL go and takes it back around each update (60 a page, one per
+                # pool row), so beside it every syscall return of the next read waited on the
+                # GIL (SGLang on CPU: 3.35 GB/s median a load that way, 3.95 in turn: measured)
+                read = pageio.read_scattered(store, direct, bad=bad)
+                checks.append(lambda read=read: read)
+                continue
+            staging, piece = pageio.stage_pages(arena, [
+                (stream.pools[pool][0], stream.pools[pool][1][first : first + count])
+                for pool, first, count in spans], size)  # fmt: skip
+            try:
+                fetched = pageio.fetch(store, piece)
+            except BaseException:
+                arena.release(*staging)
+                raise
+            check = functools.partial(land, spans, piece, fetched, staging)
+            if parallel:
                 checks.append(verifier().submit(check).result)
             else:
                 read = check()

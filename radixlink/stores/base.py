@@ -7,7 +7,7 @@ nothing of the tree, the linker or the page format.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from radixlink.stores.keys import is_page_key
@@ -95,8 +95,9 @@ class Store(ABC):
                              "buffer per key")
         return [copy_into(buf, value) for buf, value in zip(buffers, self.get(keys))]
 
-    def get_scattered(self, keys: Sequence[str],
-                      targets: Sequence[Sequence[memoryview]]) -> list[int | None]:
+    def get_scattered(self, keys: Sequence[str], targets: Sequence[Sequence[memoryview]],
+                      each: Callable[[int, int | None], None] | None = None,
+                      ) -> list[int | None]:
         """Read each key's value into its pieces, in order, as one ``readv`` would: the
         first ``len(pieces[0])`` bytes into ``pieces[0]``, the next into ``pieces[1]``, and
         so on. A load reads a page's header into staging and its payload straight into the
@@ -105,6 +106,11 @@ class Store(ABC):
         Args:
             keys: the keys, as for ``get``.
             targets: per key its writable byte views.
+            each: given, ``each(i, size)`` is called on this thread once per key, in order,
+                as soon as key ``i``'s value is in its pieces (``size`` as returned below),
+                before the next value is read: a load checks each page while its bytes are
+                still in the core's cache. An exception it raises ends the call (every file
+                closed) and propagates.
 
         Returns:
             Per key its value's length, or None where it is missing. A value longer than its
@@ -120,7 +126,12 @@ class Store(ABC):
         if len(keys) != len(targets):
             raise ValueError(f"get_scattered: {len(keys)} keys but {len(targets)} piece lists; "
                              "pass one list of buffers per key")
-        return [scatter_into(pieces, value) for pieces, value in zip(targets, self.get(keys))]
+        out: list[int | None] = []
+        for pieces, value in zip(targets, self.get(keys)):
+            out.append(scatter_into(pieces, value))
+            if each is not None:
+                each(len(out) - 1, out[-1])
+        return out
 
     @abstractmethod
     def put(self, items: Mapping[str, Any]) -> list[bool]:

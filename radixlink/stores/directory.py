@@ -15,7 +15,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -199,22 +199,23 @@ class DirectoryStore(Store):
                              "buffer per key")
         return self._read_into(keys, [[buffer] for buffer in buffers])
 
-    def get_scattered(self, keys: Sequence[str],
-                      targets: Sequence[Sequence[memoryview]]) -> list[int | None]:
+    def get_scattered(self, keys: Sequence[str], targets: Sequence[Sequence[memoryview]],
+                      each: Callable[[int, int | None], None] | None = None,
+                      ) -> list[int | None]:
         """Read each page file straight into its pieces (one ``readv``: no staging between
-        the page cache and the pools), with ``get``'s rules for untrusted files; see
-        ``Store.get_scattered``."""
+        the page cache and the pools), with ``get``'s rules for untrusted files; ``each``
+        runs after each file's read, before the next one's; see ``Store.get_scattered``."""
         if len(keys) != len(targets):
             raise ValueError(f"get_scattered: {len(keys)} keys but {len(targets)} piece lists; "
                              "pass one list of buffers per key")
-        return self._read_into(keys, targets)
+        return self._read_into(keys, targets, each)
 
-    def _read_into(self, keys: Sequence[str],
-                   targets: Sequence[Sequence[memoryview]]) -> list[int | None]:
+    def _read_into(self, keys: Sequence[str], targets: Sequence[Sequence[memoryview]],
+                   each: Callable[[int, int | None], None] | None = None) -> list[int | None]:
         touch_before = None if self.read_only else time.time() - TOUCH_AFTER_S
         paths, unsafe = self._layout.read_paths(keys)
         out, refused, errors = pagefiles.read_pages_into(paths, targets, self.max_page_bytes,
-                                                         touch_before)
+                                                         touch_before, each)
         self._index.count_read_misses(unsafe + refused, errors)
         self._index.observe(keys, out, touch=True)
         return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from urllib.parse import unquote
 
 # NOTE: O_NOFOLLOW refuses a symlink at the page name (ELOOP); O_NONBLOCK makes opening a FIFO
@@ -64,14 +64,16 @@ def read_page(path: str, max_bytes: int, touch_before: float | None) -> bytes:
 
 
 def read_pages_into(paths: Sequence[str | None], targets: Sequence[Sequence[memoryview]],
-                    max_bytes: int, touch_before: float | None
+                    max_bytes: int, touch_before: float | None,
+                    each: Callable[[int, int | None], None] | None = None,
                     ) -> tuple[list[int | None], int, int]:
     """Read each page file into its pieces, in order (one ``readv``: a staging frame, or a
     header's staging and the pool rows of its payload), with ``read_page``'s rules for
     untrusted files; a None path is a miss. Of a file larger than its pieces (but within
     ``max_bytes``) only as many bytes as they hold are read, its size says so. A file that
     shrank under the read gives the bytes actually read (the codec sees a truncated page, a
-    miss).
+    miss). ``each(i, size)``, given, runs once file ``i`` is read (and closed), before the
+    next one is opened (``Store.get_scattered``).
 
     Returns:
         Each file's size (None: no page, refused or unreadable), the number refused (a
@@ -83,7 +85,9 @@ def read_pages_into(paths: Sequence[str | None], targets: Sequence[Sequence[memo
     sizes: list[int | None] = []
     refused = errors = 0
     open_, fstat, readv, close, is_reg = os.open, os.fstat, os.readv, os.close, stat.S_ISREG
-    for path, pieces in zip(paths, targets, strict=True):
+    for i, (path, pieces) in enumerate(zip(paths, targets, strict=True)):
+        if i and each is not None:  # NOTE: file i - 1 is read and closed (a continue below)
+            each(i - 1, sizes[-1])
         if path is None:
             sizes.append(None)
             continue
@@ -123,6 +127,8 @@ def read_pages_into(paths: Sequence[str | None], targets: Sequence[Sequence[memo
             sizes.append(None)
         finally:
             close(fd)
+    if sizes and each is not None:
+        each(len(sizes) - 1, sizes[-1])
     return sizes, refused, errors
 
 

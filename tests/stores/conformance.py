@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import pytest
+
 from radixlink.contract import PoolName
 from radixlink.stores import PageCodec, Store, page_key
 from radixlink.stores.codec import HEADER_BYTES
@@ -109,6 +111,35 @@ class BackendContract:
         assert b"".join(map(bytes, targets[3])) == blobs[key(2)] + b"\xee" * 50
         assert c.verify_scattered(targets[0][0], targets[0][1:], memoryview(b""), size,
                                   key(0)) is None
+
+    def test_get_scattered_hands_each_value_over_before_the_next(self,
+                                                               backend: Backend) -> None:
+        """get_scattered's ``each(i, size)`` runs once per key, in order, on the calling
+        thread, when value i is in its pieces and value i + 1 is not yet (a load checks each
+        page while it is in cache); an exception it raises ends the call and propagates."""
+        store, c = backend.open(), codec()
+        blobs = {key(i): c.encode(payload(i), key(i)) for i in range(3)}
+        store.put(blobs)
+        size = len(blobs[key(0)])
+        keys = [key(0), key(9), key(1), key(2)]
+        targets = [[memoryview(bytearray(size))] for _ in keys]
+        seen: list[tuple[int, int | None, bool, bool]] = []
+
+        def each(i: int, got: int | None) -> None:
+            filled = got is not None and bytes(targets[i][0]) == blobs[keys[i]]
+            later = any(bytes(t[0]) != bytes(size) for t in targets[i + 1 :])
+            seen.append((i, got, filled, later))
+
+        assert store.get_scattered(keys, targets, each) == [size, None, size, size]
+        assert seen == [(0, size, True, False), (1, None, False, False),
+                        (2, size, True, False), (3, size, True, False)]
+
+        def stop(i: int, got: int | None) -> None:
+            raise RuntimeError(f"stop at {i}")
+
+        with pytest.raises(RuntimeError, match="stop at 0"):
+            store.get_scattered(keys, [[memoryview(bytearray(size))] for _ in keys], stop)
+        assert store.get([key(1)]) == [blobs[key(1)]]  # the store goes on
 
     def test_put_of_views_copies_before_returning(self, backend: Backend) -> None:
         """put takes memoryviews into a buffer the caller reuses right after: the store keeps

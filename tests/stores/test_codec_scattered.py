@@ -126,9 +126,9 @@ def test_sealed_tail_is_checked_where_it_lies() -> None:
 
 
 def test_scattered_read_policy_through_a_directory(tmp_path) -> None:
-    """``fetch_scattered`` + ``check_scattered`` against a real directory store: the good
-    pages' payloads land in their pieces, a corrupt one is a counted miss deleted from the
-    store and remembered bad, a missing one a plain miss."""
+    """``read_scattered`` against a real directory store: the good pages' payloads land in
+    their pieces, a corrupt one is a counted miss deleted from the store and remembered bad,
+    a missing one a plain miss; each page is verified before the next is read."""
     store = open_store(f"file://{tmp_path}/store")
     codec = PageCodec("fp", PAGE)
     keys = [page_key("aaaa", f"{i:064x}", PoolName.KV) for i in range(4)]
@@ -142,11 +142,21 @@ def test_scattered_read_policy_through_a_directory(tmp_path) -> None:
              for i in range(4)]
     parts = [pageio.ScatteredPages(codec, keys, views)]
     bad = pageio.BadKeys()
-    read = pageio.check_scattered(store, parts, pageio.fetch_scattered(store, parts), bad=bad)
+    checked: list[int] = []
+    verify = codec.verify_scattered
+
+    def watched(head, payload, tail, size, key):  # noqa: ANN001, ANN202
+        checked.append(sum(bytes(rows[i * PAGE : (i + 1) * PAGE]) == payloads[i]
+                           for i in range(4)))  # pages read so far
+        return verify(head, payload, tail, size, key)
+
+    codec.verify_scattered = watched  # type: ignore[method-assign]
+    read = pageio.read_scattered(store, parts, bad=bad)
+    assert checked == [1, 1, 2, 2]  # page i checked before page i + 1 was read
     assert read.reasons == [None, "checksum", None, "missing"] and not read.ok
     assert read.bad_keys == [keys[1]] and keys[1] in bad and read.num_bytes == 2 * PAGE
     assert bytes(rows[:PAGE]) == payloads[0] and bytes(rows[2 * PAGE : 3 * PAGE]) == payloads[2]
     assert store.exists(keys) == [True, False, True, False]
     with pytest.raises(ValueError, match="3 keys but 4 payloads"):
-        pageio.fetch_scattered(store, [pageio.ScatteredPages(codec, keys[:3], views)])
+        pageio.read_scattered(store, [pageio.ScatteredPages(codec, keys[:3], views)])
     store.close()

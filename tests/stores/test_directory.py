@@ -65,6 +65,26 @@ def test_remembered_page_files_keep_every_read_rule(tmp_path: Path,
     assert store.stats()["refused"] == 1 and target.stat().st_mtime == 1_000_000
 
 
+def test_get_scattered_closes_every_file_when_each_raises(tmp_path: Path) -> None:
+    """``each`` runs once a page's file is closed: one that raises on the second page leaves
+    no file open, and the store reads on."""
+    store = DirectoryStore(tmp_path / "store")
+    store.put({key(i): bytes([i]) * 500 for i in range(3)})
+    keys = [key(i) for i in range(3)]
+    open_fds = len(os.listdir("/proc/self/fd"))
+
+    def each(i: int, size: int | None) -> None:
+        assert len(os.listdir("/proc/self/fd")) == open_fds  # page i's file is closed
+        if i == 1:
+            raise RuntimeError("a check bug")
+
+    with pytest.raises(RuntimeError, match="a check bug"):
+        store.get_scattered(keys, [[memoryview(bytearray(500))] for _ in keys], each)
+    assert len(os.listdir("/proc/self/fd")) == open_fds
+    assert store.get(keys[2:]) == [bytes([2]) * 500]
+    store.close()
+
+
 def test_get_scattered_over_more_pieces_than_one_readv_takes(tmp_path: Path) -> None:
     """A page read into more pieces than one ``readv`` takes (``IOV_MAX``, 1024 on Linux) is
     read whole, in order; a file shorter than its pieces fills the first of them."""

@@ -49,11 +49,11 @@ class _FailingRead(MemoryStore):
             raise OSError("the store went away")
         return super().get_into(keys, buffers)
 
-    def get_scattered(self, keys, targets):  # type: ignore[no-untyped-def]
+    def get_scattered(self, keys, targets, each=None):  # type: ignore[no-untyped-def]
         self.reads += 1
         if self.reads == self.fail_at:
             raise OSError("the store went away")
-        return super().get_scattered(keys, targets)
+        return super().get_scattered(keys, targets, each)
 
 
 def _two_pools(store: MemoryStore, arena: StagingArena
