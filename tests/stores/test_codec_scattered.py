@@ -13,6 +13,7 @@ from radixlink.contract import PoolName
 from radixlink.pages import pageio
 from radixlink.stores import PageCodec, open_store, page_key
 from radixlink.stores.codec import HEADER_BYTES, SHORT, TAG_BYTES
+from radixlink.stores.memory import MemoryStore
 from radixlink.stores.seal import PageSecret
 
 PAGE = 3 * 1024
@@ -160,3 +161,19 @@ def test_scattered_read_policy_through_a_directory(tmp_path) -> None:
     with pytest.raises(ValueError, match="3 keys but 4 payloads"):
         pageio.read_scattered(store, [pageio.ScatteredPages(codec, keys[:3], views)])
     store.close()
+
+
+def test_a_store_that_skips_each_is_a_clear_error() -> None:
+    """A store whose ``get_scattered`` never calls ``each`` (a backend written against the
+    older contract) fails the read with an error that names it, not deep in the policy."""
+
+    class Silent(MemoryStore):
+        def get_scattered(self, keys, targets, each=None):  # type: ignore[no-untyped-def]
+            return super().get_scattered(keys, targets)
+
+    store, codec = Silent(1 << 20), PageCodec("fp", PAGE)
+    keys = [page_key("aaaa", f"{i:064x}", PoolName.KV) for i in range(2)]
+    store.put({k: codec.encode(bytes(PAGE), k) for k in keys})
+    views = [(memoryview(bytearray(PAGE)),) for _ in keys]
+    with pytest.raises(ValueError, match="Silent.get_scattered called each for 0 of 2 keys"):
+        pageio.read_scattered(store, [pageio.ScatteredPages(codec, keys, views)])
