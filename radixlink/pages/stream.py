@@ -112,7 +112,7 @@ def read_streamed(stream: Stream, store: Store, arena: StagingArena, bad: pageio
                 # pool row), so beside it every syscall return of the next read waited on the
                 # GIL (SGLang on CPU: 3.35 GB/s median a load that way, 3.95 in turn: measured)
                 read = pageio.read_scattered(store, direct, bad=bad)
-                checks.append(lambda read=read: read)
+                checks.append(_ready(read))
                 continue
             staging, piece = pageio.stage_pages(arena, [
                 (stream.pools[pool][0], stream.pools[pool][1][first : first + count])
@@ -127,7 +127,7 @@ def read_streamed(stream: Stream, store: Store, arena: StagingArena, bad: pageio
                 checks.append(verifier().submit(check).result)
             else:
                 read = check()
-                checks.append(lambda read=read: read)
+                checks.append(_ready(read))
     finally:  # NOTE: every chunk's staging is back once each check ended
         results = settled(checks)
     return pageio.ReadResult.joined(results)
@@ -157,6 +157,11 @@ def one_core() -> bool:
     a 188.7 MB load took 24-27 ms against 28-34 ms, measured), so chunks are checked in turn,
     each while its staging is in cache."""
     return len(os.sched_getaffinity(0)) == 1
+
+
+def _ready(read: pageio.ReadResult) -> Check:
+    """A check that has run: its result."""
+    return lambda: read
 
 
 def settled(checks: Sequence[Check]) -> list[pageio.ReadResult]:
