@@ -387,13 +387,24 @@ class TransferEngine:
 
     def _save(self, job_id: int, job: Job) -> Completion:
         """Fill the frames (after ``ready``), encode in place, skip what the store holds,
-        one put."""
+        one put. A ``skip_present`` job whose every page the store holds ends after the
+        presence query: nothing gathered, encoded or sent (SGLang offloads a path it has just
+        loaded from the store again: 251 pages, 185 MB gathered and rewritten, 0.35-0.44 s
+        of CPU after every 4,032-token store hit, measured)."""
         for event in job.ready:
             event.synchronize()
+        known = None
+        if job.skip_present:
+            known = [pageio.present(self.store, part.keys, self.bad) for part in job.parts]
+            if all(map(all, known)):
+                skipped = sum(map(len, known))
+                self._count(skipped_pages=skipped)
+                return Completion(job_id=job_id, kind=_OFFLOAD, status=TransferStatus.OK,
+                                  written=pageio.WriteResult([], [], skipped=skipped))
         if job.fill is not None:
             job.fill()
         written = pageio.write(self.store, job.parts, skip_present=job.skip_present,
-                               bad=self.bad)
+                               bad=self.bad, known=known)
         failed = len(written.failed)
         self._count(saved_pages=len(written.stored), skipped_pages=written.skipped,
                     healed_pages=written.healed, failed_saves=failed)

@@ -360,16 +360,19 @@ class WriteResult:
 
 
 def write(store: Store, parts: Sequence[PageFrames], *, skip_present: bool = False,
-          bad: BadKeys | None = None) -> WriteResult:
+          bad: BadKeys | None = None,
+          known: Sequence[Sequence[bool]] | None = None) -> WriteResult:
     """Encode every part's frames in place (their payloads already gathered) and store them
     with one ``put``. With ``skip_present`` pages the store reports present are not sent,
     except keys in ``bad`` (found bad here): a recomputed page overwrites a bad or missing
-    key, never skipped. Keys written are forgotten by ``bad``."""
+    key, never skipped. ``known``: per part the flags ``present`` gave the caller just
+    before (no second query). Keys written are forgotten by ``bad``."""
     items: dict[str, memoryview] = {}
     skipped = 0
-    for part in parts:
+    for i, part in enumerate(parts):
         frames, codec, keys = part.frames, part.codec, list(part.keys)
-        there = present(store, keys, bad) if skip_present and keys else [False] * len(keys)
+        there = ((known[i] if known is not None else present(store, keys, bad))
+                 if skip_present and keys else [False] * len(keys))
         if not any(there):
             items.update(zip(keys, codec.encode_frames(frames.block(), frames.stride, keys)))
             continue

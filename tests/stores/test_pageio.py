@@ -133,6 +133,61 @@ def test_two_bad_pages_are_counted_deleted_and_rewritten_by_the_next_save() -> N
     arena.release(*staging)
 
 
+@pytest.mark.parametrize("held", ["all", "some", "all but a bad one"])
+def test_a_skip_present_offload_gathers_nothing_when_the_store_holds_every_page(
+        held: str) -> None:
+    """An OFFLOAD job with ``skip_present`` asks the store first: when it holds every page
+    the job ends there (no fill, no put, every page counted skipped); otherwise the pages are
+    gathered and only the missing ones sent, with one presence query. A key found bad here
+    reads absent, so it is gathered and rewritten."""
+    from radixlink.pages.engine import Job, TransferEngine, TransferKind
+
+    store, arena = _CountingPuts(1 << 20), StagingArena()
+    codec = pageio.make_codec("fp", PAGE)
+    keys = PageKeys().keys(PoolName.KV, HASHES, "ab")
+    data = _pages(6, seed=4)
+    _save(store, codec, keys, data, arena)
+    if held == "some":
+        store.delete(keys[4:])
+    engine = TransferEngine(store, 1, arena)
+    try:
+        if held == "all but a bad one":
+            engine.bad.add([keys[2]])
+        staging, parts = pageio.stage_pages(arena, [(codec, keys)])
+        fills: list[int] = []
+
+        def fill() -> None:
+            fills.append(1)
+            parts[0].frames.payloads().copy_(data)
+
+        store.puts = store.queries = 0
+        done = engine.run(Job(kind=TransferKind.OFFLOAD, parts=parts, staging=staging,
+                              fill=fill, skip_present=True))
+        stats = engine.stats()
+    finally:
+        engine.close()
+    assert done.ok and done.written is not None and store.queries == 1
+    sent = {"all": [], "some": keys[4:], "all but a bad one": [keys[2]]}[held]
+    assert sorted(done.written.stored) == sorted(sent) and done.written.skipped == 6 - len(sent)
+    assert (len(fills), store.puts) == ((0, 0) if held == "all" else (1, 1))
+    assert stats["skipped_pages"] == 6 - len(sent) and stats["saved_pages"] == len(sent)
+    assert store.exists(keys) == [True] * 6
+
+
+class _CountingPuts(MemoryStore):
+    """A memory store that counts ``put`` and ``exists`` calls."""
+
+    puts = queries = 0
+
+    def put(self, items):  # type: ignore[no-untyped-def]
+        self.puts += 1
+        return super().put(items)
+
+    def exists(self, keys):  # type: ignore[no-untyped-def]
+        self.queries += 1
+        return super().exists(keys)
+
+
 def test_a_bad_page_whose_delete_fails_reads_absent_and_is_overwritten() -> None:
     """The delete fails (a store error, logged): the bad keys still read absent to the
     presence query and the next skip-present save overwrites them."""
