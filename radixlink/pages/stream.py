@@ -3,13 +3,11 @@ and, for a ``Stream``, each chunk into staging of its own, landed as soon as it 
 given back at once (``read_streamed``), so a load holds at most ``STREAM_WINDOW`` + 1 chunks of
 staging whatever its size. A stream whose pages can be written where they land (``targets``)
 is read straight into them from a store that ``scatters``: one copy instead of two, each page
-checked by the thread that read it as soon as it is read, while its bytes are in the core's
-cache.
+checked on the reading thread as soon as it is read, while its bytes are in the core's cache.
 
-Given a second core, chunks are checked on the engine's verify threads while the next is read
-(read straight into their targets: every other chunk read and checked whole there); on a
-thread bound to one core (``one_core``: vLLM's CPU worker binds its threads to the cores of
-its OMP threads) they are read and checked in turn, each while its bytes are still in cache.
+Given a second core, chunks are checked on the engine's verify threads while the next is read;
+on a thread bound to one core (``one_core``: vLLM's CPU worker binds its threads to the cores
+of its OMP threads) they are checked in turn, each while its staging is still in cache.
 
 Owns the chunk size, the window and the streamed read's order. The threads, the store and the
 staging are the engine's (``pages.engine``, which runs every job); must not import it.
@@ -82,10 +80,9 @@ def read_streamed(stream: Stream, store: Store, arena: StagingArena, bad: pageio
                   verifier: Callable[[], ThreadPoolExecutor]) -> pageio.ReadResult:
     """Read ``stream`` chunk by chunk, each into staging of its own, verified and landed on a
     ``verifier`` thread while the next one is read (one chunk, or one core: each in turn
-    here); or, straight into its ``targets``, each page verified by the thread that read it
-    as soon as it is read (``pageio.read_scattered``), every other chunk on a ``verifier``
-    thread (one chunk, or one core: all here). A chunk is read once no more than
-    ``STREAM_WINDOW`` earlier ones are still out.
+    here); or, straight into its ``targets``, each page verified here as soon as it is read
+    (``pageio.read_scattered``). A chunk is read once no more than ``STREAM_WINDOW`` earlier
+    ones are still out.
 
     Raises:
         Exception: the store's or the landing's, once every chunk's staging is back.
@@ -103,53 +100,34 @@ def read_streamed(stream: Stream, store: Store, arena: StagingArena, bad: pageio
         finally:
             arena.release(*staging)
 
-    def staged(spans: Sequence[pageio.Span]) -> Check:
-        """Read the chunk into staging of its own; its check verifies, lands and gives the
-        staging back."""
-        staging, piece = pageio.stage_pages(arena, [
-            (stream.pools[pool][0], stream.pools[pool][1][first : first + count])
-            for pool, first, count in spans], size)  # fmt: skip
-        try:
-            fetched = pageio.fetch(store, piece)
-        except BaseException:
-            arena.release(*staging)
-            raise
-        return functools.partial(land, spans, piece, fetched, staging)
-
-    def straight(spans: Sequence[pageio.Span]) -> pageio.ReadResult:
-        """Read the chunk straight into its targets, each page checked as soon as it is
-        read; through staging, checked here, where its pages cannot be written so."""
-        direct = scatter_targets(stream, spans)
-        if direct is None:
-            return staged(spans)()
-        return pageio.read_scattered(store, direct, bad=bad)
-
-    scattered = store.scatters and stream.targets is not None
     checks: list[Check] = []
     try:
         for k, spans in enumerate(reads):
             if k >= STREAM_WINDOW:
                 checks[k - STREAM_WINDOW]()  # NOTE: bounds the staging out at once
-            if scattered:
-                # NOTE: given a second core, every other chunk is read and checked whole on
-                # a verify thread while this one reads the next: a read's copy into cold
-                # pool rows waits on memory, and two at once overlap those waits (a 185 MB
-                # SGLang load, 251 pages of 60 rows each, a plain process: 2.5-3.0 GB/s on
-                # one thread, 3.5-3.6 on two; inside SGLang 2.37 -> 2.47, medians of an
-                # ABAB). Not read here and checked there: the xxhash binding lets the GIL
-                # go and takes it back around each update (60 a page, one per pool row), so
-                # beside it every syscall return of the next read waited on the GIL (SGLang
-                # on CPU: 3.35 GB/s median a load that way, 3.95 in turn)
-                if parallel and k % 2 == 0:
-                    checks.append(verifier().submit(straight, spans).result)
-                else:
-                    checks.append(_ready(straight(spans)))
+            direct = scatter_targets(stream, spans) if store.scatters else None
+            if direct is not None:
+                # NOTE: checked here, page by page, not on a verify thread: the xxhash binding
+                # lets the GIL go and takes it back around each update (60 a page, one per
+                # pool row), so beside it every syscall return of the next read waited on the
+                # GIL (SGLang on CPU: 3.35 GB/s median a load that way, 3.95 in turn: measured)
+                read = pageio.read_scattered(store, direct, bad=bad)
+                checks.append(_ready(read))
                 continue
-            check = staged(spans)
+            staging, piece = pageio.stage_pages(arena, [
+                (stream.pools[pool][0], stream.pools[pool][1][first : first + count])
+                for pool, first, count in spans], size)  # fmt: skip
+            try:
+                fetched = pageio.fetch(store, piece)
+            except BaseException:
+                arena.release(*staging)
+                raise
+            check = functools.partial(land, spans, piece, fetched, staging)
             if parallel:
                 checks.append(verifier().submit(check).result)
             else:
-                checks.append(_ready(check()))
+                read = check()
+                checks.append(_ready(read))
     finally:  # NOTE: every chunk's staging is back once each check ended
         results = settled(checks)
     return pageio.ReadResult.joined(results)

@@ -5,8 +5,6 @@ write from staging that skips present pages but never a bad one, and the presenc
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
@@ -271,6 +269,7 @@ def test_a_chunked_load_whose_read_fails_returns_only_once_no_chunk_is_being_ver
     first chunk's verification finished: the job's staging goes back to the arena when it
     returns, and a verify thread still reading it could see another job's bytes (and delete a
     good page as bad)."""
+    import threading
     import time
 
     from radixlink.pages import stream as stream_module
@@ -320,12 +319,10 @@ class _CountingArena(StagingArena):
 
 
 def _streamed(store: MemoryStore, codecs: list[pageio.Codec], keys: list[list[str]],
-              arena: StagingArena, land=None, direct: bool = False,
-              unscattered: int | None = None):  # type: ignore[no-untyped-def]
+              arena: StagingArena, land=None, direct: bool = False):  # type: ignore[no-untyped-def]
     """A streamed LOAD of two pools into fresh host rows: (completion, rows per pool, spans
-    landed, whether verify threads ran, the threads that asked for targets). ``direct``: each
-    page read straight into its row, in two pieces (``Stream.targets``); the spans are then
-    those it was asked for, except pool ``unscattered``'s (no targets: through staging)."""
+    landed, whether verify threads ran). ``direct``: each page read straight into its row,
+    in two pieces (``Stream.targets``); the spans are then those it was asked for."""
     from radixlink.pages.engine import Job, TransferEngine, TransferKind
     from radixlink.pages.stream import Stream
 
@@ -341,14 +338,9 @@ def _streamed(store: MemoryStore, codecs: list[pageio.Codec], keys: list[list[st
             page += count
         landed.extend(spans)
 
-    readers: list[int] = []
-
     def targets(span):  # type: ignore[no-untyped-def]
         pool, first, count = span
-        if pool == unscattered:
-            return None
         landed.append(span)
-        readers.append(threading.get_ident())
         views = [memoryview(rows[pool][first + i].numpy()) for i in range(count)]
         return [(view[:10], view[10:]) for view in views]
 
@@ -358,7 +350,7 @@ def _streamed(store: MemoryStore, codecs: list[pageio.Codec], keys: list[list[st
         done = engine.run(Job(kind=TransferKind.LOAD, parts=(), stream=stream))
     finally:
         engine.close()
-    return done, rows, landed, engine._verify is not None, readers
+    return done, rows, landed, engine._verify is not None
 
 
 @pytest.mark.parametrize("path", ["staging", "direct"])
@@ -375,10 +367,8 @@ def test_a_streamed_load_lands_each_verified_chunk_with_bounded_staging(
 
     ``direct`` (``Stream.targets``, from a store that ``scatters``): the pages are read
     straight into their rows and verified there, on the reading thread: the same verdicts, no
-    staging at all and no ``land``; given more than one core every other chunk is read and
-    verified whole on a verify thread (the spans are asked for from two threads), else all on
-    the reading thread; a bad page has written its row (the caller's slots, private to the
-    load), a missing one has not."""
+    staging at all, no verify thread and no ``land``; a bad page has written its row (the
+    caller's slots, private to the load), a missing one has not."""
     import os
 
     allowed = os.sched_getaffinity(0)
@@ -403,7 +393,7 @@ def _stream_and_check(chunk_pages: int, one_core: bool, monkeypatch: pytest.Monk
     copied: list[object] = []
     land = (lambda *args: copied.append(args)) if direct else None
     arena.most = 0  # NOTE: the saves above used staging; the load is counted from here
-    done, rows, landed, threaded, readers = _streamed(store, codecs, keys, arena, land, direct)
+    done, rows, landed, threaded = _streamed(store, codecs, keys, arena, land, direct)
     assert done.ok and done.read is not None and done.read.reasons == [None] * 9
     assert all(torch.equal(r, d) for r, d in zip(rows, data))
     pages = sorted((pool, first + i) for pool, first, count in landed for i in range(count))
@@ -413,13 +403,11 @@ def _stream_and_check(chunk_pages: int, one_core: bool, monkeypatch: pytest.Monk
         assert arena.most == 0  # NOTE: headers and tags only, in a small read of their own
     else:
         assert arena.most <= (1 if one_core else stream_module.STREAM_WINDOW + 1)
-    assert threaded == (not one_core and chunk_pages < 100)
-    if direct:
-        assert len(set(readers)) == (2 if threaded else 1)
+    assert threaded == (not one_core and chunk_pages < 100 and not direct)
     if chunk_pages < 100:
         assert len(landed) > stream_module.STREAM_WINDOW + 1  # the bound was exercised
     _damage(store, keys[0])
-    done, rows, _, _, _ = _streamed(store, codecs, keys, arena, land, direct)
+    done, rows, _, _ = _streamed(store, codecs, keys, arena, land, direct)
     assert done.status is TransferStatus.MISSING and done.read is not None
     assert done.read.reasons == [None, "checksum", None, None, "truncated", "missing",
                                  None, None, None]
@@ -428,35 +416,6 @@ def _stream_and_check(chunk_pages: int, one_core: bool, monkeypatch: pytest.Monk
     unwritten = (5,) if direct else (1, 4, 5)
     assert all(not rows[0][i].any() for i in unwritten)  # NOTE: random pages are never zero
     assert arena.out == 0 and not copied
-
-
-@pytest.mark.parametrize("cores", ["one", "all"])
-def test_a_direct_stream_reads_a_chunk_it_cannot_scatter_through_staging(
-        cores: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A chunk whose pages cannot be written where they land (``Stream.targets`` gives None:
-    here the second pool's) is read into staging, verified and landed by the thread that read
-    it, on one core or two; the others straight into their rows. Every page lands once and
-    every staging buffer is back, at most ``STREAM_WINDOW`` + 1 out at once."""
-    import os
-
-    from radixlink.pages import stream as stream_module
-
-    allowed = os.sched_getaffinity(0)
-    if cores == "one":
-        os.sched_setaffinity(0, {min(allowed)})
-    try:
-        store, arena = MemoryStore(1 << 20), _CountingArena()
-        codecs, keys, data = _two_pools(store, arena)
-        monkeypatch.setattr(stream_module, "CHUNK_BYTES", frame_stride(codecs[0].frame_bytes))
-        arena.most = 0
-        done, rows, landed, _, _ = _streamed(store, codecs, keys, arena, direct=True,
-                                             unscattered=1)
-    finally:
-        os.sched_setaffinity(0, allowed)
-    assert done.ok and all(torch.equal(r, d) for r, d in zip(rows, data))
-    pages = sorted((pool, first + i) for pool, first, count in landed for i in range(count))
-    assert pages == [(0, i) for i in range(6)] + [(1, i) for i in range(3)]
-    assert arena.out == 0 and 1 <= arena.most <= stream_module.STREAM_WINDOW + 1
 
 
 @pytest.mark.parametrize("failure", ["store", "land", "direct read"])
@@ -481,7 +440,7 @@ def test_a_streamed_load_that_fails_gives_every_chunks_staging_back(
         if failure == "land" and len(calls) == 2:
             raise RuntimeError("a landing bug")
 
-    done, _, _, _, _ = _streamed(store, [codec], [keys], arena,
+    done, _, _, _ = _streamed(store, [codec], [keys], arena,
                               land=land if failure == "land" else None,
                               direct=failure == "direct read")
     assert done.status is TransferStatus.STORE_ERROR
