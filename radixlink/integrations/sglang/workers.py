@@ -291,10 +291,8 @@ def load_job(arena: StagingArena, index: int, moves: Sequence[PageMove], counter
 
 def offload_job(arena: StagingArena, moves: Sequence[PageMove], ready: Sequence[Any]) -> Job:
     """The engine job of one offload (all its pools as one put): the pages are gathered from
-    the device pools on the I/O thread, after ``ready``, unless the store holds every one
-    (``Job.skip_present``: SGLang never marks a path it loaded from the store as stored, so it
-    offloads that path again once the request ends); pages it holds are not sent. An empty
-    ``moves`` (nothing for this rank to write) completes as a success."""
+    the device pools on the I/O thread, after ``ready``. An empty ``moves`` (nothing for this
+    rank to write) completes as a success."""
     staging, parts = pageio.stage_pages(arena, [(m.codec, m.keys) for m in moves])
 
     def fill() -> None:
@@ -302,7 +300,7 @@ def offload_job(arena: StagingArena, moves: Sequence[PageMove], ready: Sequence[
             move.view.read_pages(move.slots, out=part.frames.payloads())
 
     return Job(kind=TransferKind.OFFLOAD, parts=parts, staging=staging, ready=list(ready),
-               fill=fill if moves else None, skip_present=True)
+               fill=fill if moves else None)
 
 
 def describe(moves: Sequence[PageMove], done: Completion) -> str:
