@@ -371,8 +371,12 @@ def write(store: Store, parts: Sequence[PageFrames], *, skip_present: bool = Fal
     skipped = 0
     for i, part in enumerate(parts):
         frames, codec, keys = part.frames, part.codec, list(part.keys)
-        there = ((known[i] if known is not None else present(store, keys, bad))
-                 if skip_present and keys else [False] * len(keys))
+        if not (skip_present and keys):
+            there = [False] * len(keys)
+        elif known is not None:
+            there = list(known[i])
+        else:
+            there = present(store, keys, bad)
         if not any(there):
             items.update(zip(keys, codec.encode_frames(frames.block(), frames.stride, keys)))
             continue
