@@ -2,7 +2,8 @@
 
 Owns the one rule every adapter applies (the tree's linker, SGLang's linker and HiCache
 backend, vLLM's scheduler), the one split of a flat ``exists`` answer into per-pool presence,
-and the trailing-window rule (SWA's window, MAMBA's one page). Must not touch stores, the
+the trailing-window rule (SWA's window, MAMBA's one page), and which stored pages a load
+never reads (``stored_past``: a save rewrites them). Must not touch stores, the
 tree, ranks or components: a pool is named by its hit policy and window (``PoolRule``).
 """
 
@@ -172,6 +173,18 @@ def restorable(rules: Sequence[PoolRule], present: Sequence[bool], num_pages: in
     pages of every pool in ``rules`` (in order)."""
     pools = split_presence(rules, present, [num_pages] * len(rules))
     return restorable_prefix_pages(num_pages, pools).restorable_prefix_pages
+
+
+def stored_past(present: Sequence[bool], num_pages: int, reach: int) -> list[int]:
+    """Where ``present`` (``num_pages`` flags per pool or rank, one run after another) holds a
+    page at tail page ``reach`` or later: a load of ``reach`` pages never reads it, so
+    nothing has verified it. The heal-in-one-pass rule: the request recomputes these pages,
+    and its save rewrites them rather than skip them as stored (one may be damaged behind
+    the missing page that ended the hit)."""
+    if num_pages <= 0:
+        return []
+    return [i for start in range(0, len(present), num_pages)
+            for i in range(start + reach, start + num_pages) if present[i]]
 
 
 def presence_from_store(

@@ -17,7 +17,7 @@ from radixlink.linker import (
     restorable_prefix_pages,
     run_ranks,
 )
-from radixlink.pages.restore import PoolRule, restorable, split_presence
+from radixlink.pages.restore import PoolRule, restorable, split_presence, stored_past
 
 ALL = PoolHitPolicy.ALL_PAGES
 TRAIL = PoolHitPolicy.TRAILING_PAGES
@@ -136,6 +136,17 @@ def test_restorable_rejects_misuse() -> None:
 def test_largest_common(per_rank: list[list[int]], expected: int) -> None:
     """The hit is the largest length shared by every rank, never a per-rank maximum."""
     assert largest_common(per_rank) == expected
+
+
+def test_stored_past_names_the_pages_a_load_never_reads() -> None:
+    """Two pools of 5 pages, one run after the other: every stored page at the restore point
+    or past it, in either pool (the missing page itself is not stored)."""
+    kv = [True, True, False, True, True]
+    swa = [False, True, True, False, True]
+    assert stored_past(kv + swa, 5, 2) == [3, 4, 7, 9]
+    assert stored_past(kv + swa, 5, 5) == []
+    assert stored_past(kv + swa, 5, 0) == [0, 1, 3, 4, 6, 7, 9]
+    assert stored_past([], 0, 0) == []
 
 
 def test_largest_common_needs_a_rank() -> None:

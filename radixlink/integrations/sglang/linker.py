@@ -15,6 +15,7 @@ Launch (docs/integrations.md)::
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -50,7 +51,7 @@ from radixlink.integrations.sglang.workers import (
 )
 from radixlink.pages import pageio
 from radixlink.pages.engine import Completion, TransferEngine
-from radixlink.pages.restore import PoolRule, restorable
+from radixlink.pages.restore import PoolRule, restorable, stored_past
 from radixlink.pages.staging import StagingArena
 from radixlink.stores.base import Store
 from radixlink.stores.registry import open_reachable_store
@@ -149,6 +150,9 @@ class RadixlinkLinker(UnifiedCacheLinker):
             self._engine.reserve_stream(list(self._codecs.values()))
         self._batches = LoadBatches()
         self._offloads = InOrder()
+        # NOTE: stored pages a lookup found past its restore point (never read, so never
+        # verified); an offload holding one is written whole, never skipped as stored.
+        self._unread = pageio.BadKeys()
         self._pending: dict[str, list[PageMove]] = {}
         self._closed = False
         logger.info(
@@ -167,7 +171,9 @@ class RadixlinkLinker(UnifiedCacheLinker):
         """Every restorable prefix length (pages of the tail) on this rank, from one batched
         presence check; a store failure is "nothing restorable". Pages that failed
         verification in an earlier load were deleted, and count as absent until written
-        again even if the delete failed (``pageio.BadKeys``)."""
+        again even if the delete failed (``pageio.BadKeys``). Pages stored past the longest
+        restorable length are never read, so the offload that holds one rewrites it (heal
+        in one pass: one may be damaged behind the missing page)."""
         kv = next((t for t in transfers if t.name == SGLangPoolName.KV), None)
         if kv is None or not kv.keys:
             return []
@@ -184,8 +190,11 @@ class RadixlinkLinker(UnifiedCacheLinker):
                 return []
             rules.append(PoolRule(pool, policy, window))
             keys += self._keys.keys(hashes, pool)  # NOTE: presence at every tail page
-        return restorable(rules, pageio.present(self._store, keys, self._engine.bad),
-                          len(hashes))
+        present = pageio.present(self._store, keys, self._engine.bad)
+        lengths = restorable(rules, present, len(hashes))
+        past = stored_past(present, len(hashes), max(lengths, default=0))
+        self._unread.add([keys[i] for i in past])
+        return lengths
 
     @never_raises(false)
     def load(self, rid: str, transfers: list[PoolTransfer]) -> bool:
@@ -265,7 +274,9 @@ class RadixlinkLinker(UnifiedCacheLinker):
     @never_raises(false)
     def offload(self, transfers: list[PoolTransfer], session_id: str | None = None) -> bool:
         """Queue the pages of one node (every pool as one put); completes in order. Pools
-        another rank writes (replicated ones, off rank 0) are skipped here."""
+        another rank writes (replicated ones, off rank 0) are skipped here, and so are pages
+        the store holds (SGLang 0.5.23 offloads a path it loaded from the store again), unless
+        the node holds a page a lookup found stored but never read: then all are written."""
         moves: list[PageMove] = []
         for transfer in transfers:
             pool = self._known_pool(transfer)
@@ -274,9 +285,10 @@ class RadixlinkLinker(UnifiedCacheLinker):
             if self._keys.writes(pool):
                 moves.append(self._move(pool, transfer))
         ready = self.record_offload_ready() if self._device.type == "cuda" else []
-        job = offload_job(self._engine.arena, moves, ready)
+        unread = any(key in self._unread for move in moves for key in move.keys)
+        job = offload_job(self._engine.arena, moves, ready, skip_present=not unread)
         place = self._offloads.open()  # NOTE: before submit: a job may end inside it
-        job.done = lambda done: self._offloads.end(place, done.ok)
+        job.done = functools.partial(self._offload_ended, place)
         try:
             self._engine.submit(job)
         except Exception:
@@ -284,6 +296,13 @@ class RadixlinkLinker(UnifiedCacheLinker):
             self._engine.release(job)
             raise
         return True
+
+    def _offload_ended(self, place: Any, done: Completion) -> None:
+        try:
+            if done.written is not None:
+                self._unread.discard(done.written.stored)
+        finally:  # NOTE: SGLang waits for every offload's verdict
+            self._offloads.end(place, done.ok)
 
     @never_raises(zero)
     def num_completed_offloads(self) -> int:

@@ -289,9 +289,11 @@ def load_job(arena: StagingArena, index: int, moves: Sequence[PageMove], counter
     return job, landing
 
 
-def offload_job(arena: StagingArena, moves: Sequence[PageMove], ready: Sequence[Any]) -> Job:
+def offload_job(arena: StagingArena, moves: Sequence[PageMove], ready: Sequence[Any], *,
+                skip_present: bool) -> Job:
     """The engine job of one offload (all its pools as one put): the pages are gathered from
-    the device pools on the I/O thread, after ``ready``. An empty ``moves`` (nothing for this
+    the device pools on the I/O thread, after ``ready``, unless ``skip_present`` and the store
+    holds them all (then nothing is gathered or sent). An empty ``moves`` (nothing for this
     rank to write) completes as a success."""
     staging, parts = pageio.stage_pages(arena, [(m.codec, m.keys) for m in moves])
 
@@ -300,7 +302,7 @@ def offload_job(arena: StagingArena, moves: Sequence[PageMove], ready: Sequence[
             move.view.read_pages(move.slots, out=part.frames.payloads())
 
     return Job(kind=TransferKind.OFFLOAD, parts=parts, staging=staging, ready=list(ready),
-               fill=fill if moves else None)
+               fill=fill if moves else None, skip_present=skip_present)
 
 
 def describe(moves: Sequence[PageMove], done: Completion) -> str:

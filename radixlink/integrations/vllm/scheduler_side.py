@@ -19,7 +19,7 @@ from radixlink.integrations.vllm.keys import GroupLayout, KeyScheme
 from radixlink.integrations.vllm.metadata import GroupPages, PageJob, RadixlinkMetadata
 from radixlink.integrations.vllm.names import PageNames
 from radixlink.pages import pageio
-from radixlink.pages.restore import PoolRule, largest_common, restorable
+from radixlink.pages.restore import PoolRule, largest_common, restorable, stored_past
 from radixlink.stores.base import Store
 
 _ALL, _TRAILING = PoolHitPolicy.ALL_PAGES, PoolHitPolicy.TRAILING_PAGES
@@ -132,7 +132,7 @@ class SchedulerSide:
         hit = self._hit(present, len(tail))
         self._lookups[request.request_id] = (local, hit)
         self.num_hit_pages += hit
-        if _present_behind(present, len(tail), hit):
+        if stored_past(present, len(tail), hit + 1):
             # NOTE: heal in one pass: pages after a missing one are never read, so they may
             # be damaged too; the request recomputes them, and its saves overwrite them.
             self._behind_hole.add(request.request_id)
@@ -308,9 +308,3 @@ def _uncount_external_tokens(request: Any, num_tokens: int) -> None:
         num_external_cached_tokens=max(0, stats.num_external_cached_tokens - num_tokens),
     )  # fmt: skip
 
-
-def _present_behind(present: Sequence[bool], num_pages: int, hit: int) -> bool:
-    """Whether any group's or rank's page past the first ``hit + 1`` is stored (``present``
-    holds ``num_pages`` flags per group and rank, one run after another)."""
-    return any(any(present[start + hit + 1 : start + num_pages])
-               for start in range(0, len(present), num_pages))

@@ -41,11 +41,12 @@ def _kv_key(store: Store, page_hash: str) -> list[str]:
 
 def test_linker_two_bad_pages_are_deleted_and_written_again(file_url, nodes) -> None:
     """Pages 3 (flipped byte) and 7 (cut short) of A's prompt: B's load fails, both pages are
-    gone from the store, B's retry restores pages 0..2; C's save writes both again and D
-    restores all 10 pages byte-identically to C's."""
+    gone from the store, B's retry restores pages 0..2; C's save writes both again (and no
+    page the store still holds) and D restores all 10 pages byte-identically: those two C's,
+    the others A's (each node's test KV is its own)."""
     hashes = sglang_storage_page_hashes(PROMPT, 4)
     a, b = nodes(FULL, file_url, 1), nodes(FULL, file_url, 2)
-    a.serve(PROMPT)
+    a_slots = a.serve(PROMPT)
     with open_store(file_url) as store:
         (flip,), (cut,) = _kv_key(store, hashes[3]), _kv_key(store, hashes[7])
         _damage(store, flip, cut)
@@ -64,13 +65,51 @@ def test_linker_two_bad_pages_are_deleted_and_written_again(file_url, nodes) -> 
     assert (stats["load_jobs"], stats["failed_jobs"], stats["bad_pages"]) == (2, 1, 2)
     c = nodes(FULL, file_url, 3)
     c_slots = c.serve(PROMPT)
+    assert c.linker.stats()["saved_pages"] == 2
     with open_store(file_url) as store:
         assert store.exists([flip, cut]) == [True, True]
     d = nodes(FULL, file_url, 4)
     got = d.restore(PROMPT, "r3")
     assert (got.loaded_len, got.failed) == (40, False)
-    want, have = c.full_bytes(c_slots), d.full_bytes(got.slots)
-    assert len(want) == len(have) and all(torch.equal(x, y) for x, y in zip(want, have))
+    have = d.full_bytes(got.slots)
+    for page in range(10):
+        rows = slice(page * 4, page * 4 + 4)
+        src, slots = (c, c_slots) if page in (3, 7) else (a, a_slots)
+        want = src.full_bytes(slots[rows])
+        assert all(torch.equal(x, y[rows]) for x, y in zip(want, have, strict=True)), page
+
+
+def test_linker_a_damaged_page_behind_a_missing_one_is_rewritten_in_one_pass(
+        file_url, nodes) -> None:
+    """Page 3 of A's prompt deleted, page 7 flipped: B's lookup stops at page 3, so page 7 is
+    never read; B recomputes pages 3..9 and its offload writes page 7 again although the
+    store holds it (offloads skip stored pages, but not ones a lookup found past its restore
+    point). D then restores all 10 pages, 3..9 B's (0..2 are A's, or B's where B's offload
+    of the node that holds them wrote them again)."""
+    hashes = sglang_storage_page_hashes(PROMPT, 4)
+    a, b = nodes(FULL, file_url, 1), nodes(FULL, file_url, 2)
+    a_slots = a.serve(PROMPT)
+    with open_store(file_url) as store:
+        (gone,), (flip,) = _kv_key(store, hashes[3]), _kv_key(store, hashes[7])
+        blob = bytearray(store.get([flip])[0])
+        blob[len(blob) // 2] ^= 0x01
+        store.put({flip: bytes(blob)})
+        store.delete([gone])
+    got = b.restore(PROMPT, "r1")
+    assert (got.loaded_len, got.failed) == (12, False)
+    assert (b.linker.stats()["fetched_pages"], b.linker.stats()["bad_pages"]) == (3, 0)
+    b_slots = b.serve(PROMPT)
+    assert b.linker.stats()["saved_pages"] >= 7
+    d = nodes(FULL, file_url, 4)
+    got = d.restore(PROMPT, "r2")
+    assert (got.loaded_len, got.failed) == (40, False)
+    have = d.full_bytes(got.slots)
+    for page in range(10):
+        rows = slice(page * 4, page * 4 + 4)
+        writers = [(b, b_slots)] if page >= 3 else [(a, a_slots), (b, b_slots)]
+        assert any(all(torch.equal(x, y[rows])
+                       for x, y in zip(src.full_bytes(slots[rows]), have, strict=True))
+                   for src, slots in writers), page
 
 
 def test_hicache_two_bad_pages_are_deleted_and_written_again(file_url: str) -> None:

@@ -70,3 +70,21 @@ def test_mamba_round_trip_restores_kv_and_state(pair) -> None:
     assert _equal(b.full_bytes(got.slots), a.full_bytes(a_slots[:whole]))
     assert _equal(b.state_bytes(got.request.kv.mamba_pool_idx.reshape(1)),
                   a.state_bytes(a.state_slot))
+
+
+def test_a_path_loaded_from_the_store_is_not_written_back(pair) -> None:
+    """SGLang offloads a path it loaded from the store again once the request ends (it never
+    marks it stored): the linker asks the store and sends nothing it holds, and sends only
+    the new pages of a longer prompt over that path."""
+    a, b = pair(FULL)
+    a.serve(PROMPT)
+    got = b.restore(PROMPT, "r1")
+    assert (got.loaded_len, got.failed) == (len(PROMPT) // 4 * 4, False)
+    b.serve(PROMPT)  # NOTE: the request's insert over the loaded path, as the scheduler's
+    stats = b.linker.stats()
+    assert (stats["offload_jobs"], stats["saved_pages"]) == (1, 0)
+    assert stats["skipped_pages"] == len(PROMPT) // 4
+    longer = PROMPT + list(range(2000, 2008))
+    b.serve(longer)
+    stats = b.linker.stats()
+    assert stats["saved_pages"] == len(longer) // 4 - len(PROMPT) // 4
