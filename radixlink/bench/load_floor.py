@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 
-def raw_rates(url: str, repeat: int = 3) -> dict[str, Any]:
+def raw_rates(url: str, repeat: int = 3, pieces: int = 1) -> dict[str, Any]:
     """GB/s of the best of ``repeat`` batched ``get_into`` of every page in the store into one
     buffer (what a load reads, without verify or scatter), and of a memcpy of those bytes.
 
@@ -27,7 +27,10 @@ def raw_rates(url: str, repeat: int = 3) -> dict[str, Any]:
     straight into the pools makes no copy: its bounds are the read and the check
     (``direct_bound_GBps``, ``direct_two_core_bound_GBps``); checked page by page as it is
     read (``get_scattered``'s ``each``, as a load checks), each page is still in cache:
-    ``direct_in_cache_GBps``, both passes on one core. And
+    ``direct_in_cache_GBps``, both passes on one core. With ``pieces`` > 1 (SGLang: a
+    page's payload lies in 2 x layers pools, one run of rows in each) the same read and check
+    with each page's payload read into ``pieces`` runs, one in each of ``pieces`` arrays, as
+    a load into SGLang's pools writes it: ``direct_in_layout_GBps``. And
     ``read_beside_memcpy_GBps`` is the read while another thread makes one memcpy of as many
     bytes: an upper bound on what that overlap is worth (an engine's landing is many smaller
     copies, whose Python between calls holds the GIL the read needs)."""
@@ -66,9 +69,13 @@ def raw_rates(url: str, repeat: int = 3) -> dict[str, Any]:
 
             one_check = min(_timed(lambda: list(map(one, range(len(keys)))))
                             for _ in range(repeat))
-            pieces = [[view] for view in views]
-            in_cache = min(_timed(lambda: store.get_scattered(keys, pieces, one))
+            whole = [[view] for view in views]
+            in_cache = min(_timed(lambda: store.get_scattered(keys, whole, one))
                            for _ in range(repeat))
+            in_layout = None
+            if pieces > 1:
+                layout = _in_layout(store, keys, size, pieces, sealer)
+                in_layout = min(_timed(layout) for _ in range(repeat + 1))  # NOTE: 1st faults
             blocks = torch.empty(buf.nbytes, dtype=torch.uint8)  # NOTE: 4 KiB pages, as vLLM's
             src = torch.from_numpy(buf)
             one_copy = min(_timed(lambda: blocks.copy_(src)) for _ in range(repeat + 1))
@@ -84,7 +91,40 @@ def raw_rates(url: str, repeat: int = 3) -> dict[str, Any]:
                          "two_core_bound_GBps": gbps(max(one_read, one_check + one_copy)),
                          "direct_bound_GBps": gbps(one_read + one_check),
                          "direct_two_core_bound_GBps": gbps(max(one_read, one_check)),
-                         "direct_in_cache_GBps": gbps(in_cache)}}
+                         "direct_in_cache_GBps": gbps(in_cache),
+                         "direct_in_layout_GBps": gbps(in_layout) if in_layout else None}}
+
+
+def _in_layout(store: Any, keys: list[str], size: int, pieces: int,
+               sealer: Any) -> Callable[[], Any]:
+    """A read of every page with its payload in ``pieces`` runs, page i's run j at row i of
+    array j (a pool's slots, in order), each page checked as soon as it is read: xxh3 over
+    the runs one after another, or the seal's tag (``Sealer.tag`` joins them first)."""
+    import xxhash
+
+    from radixlink.stores.pageformat import HEADER_BYTES
+
+    run = (size - HEADER_BYTES) // pieces
+    rest = size - HEADER_BYTES - pieces * run  # NOTE: a sealed page's tag, else 0
+    arrays = [np.empty(len(keys) * run, dtype=np.uint8) for _ in range(pieces)]
+    ends = memoryview(bytearray(len(keys) * (HEADER_BYTES + rest)))
+    targets, payloads = [], []
+    for i in range(len(keys)):
+        head = ends[i * (HEADER_BYTES + rest) : (i + 1) * (HEADER_BYTES + rest)]
+        rows = tuple(memoryview(a)[i * run : (i + 1) * run] for a in arrays)
+        targets.append([head[:HEADER_BYTES], *rows, head[HEADER_BYTES:]])
+        payloads.append(rows)
+
+    def check(i: int, _: int | None = None) -> None:
+        if sealer is not None:
+            sealer.tag(keys[i], payloads[i])
+            return
+        h = xxhash.xxh3_64()
+        for row in payloads[i]:
+            h.update(row)
+        h.intdigest()
+
+    return lambda: store.get_scattered(keys, targets, check)
 
 
 def _together(first: Callable[[], Any], second: Callable[[], Any]) -> float:
