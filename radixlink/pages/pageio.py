@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -243,7 +243,8 @@ def read_scattered(store: Store, parts: Sequence[ScatteredPages], *,
     """One ``get_scattered`` of every part's keys: each page's header and tag into a small
     staging of this read's, its payload straight into its views (the one copy of a load),
     and each page verified where it lies (``PageCodec.verify_scattered``) as soon as it is
-    read, under ``check``'s policy.
+    read, under ``check``'s policy. From a store that ``reads_in_parts`` the checksum is fed
+    each run of a page as it is read, while the run is in cache (``pagefiles.PART_BYTES``).
 
     Raises:
         ValueError: a part's payloads and keys differ in number, or the store did not hand
@@ -255,8 +256,7 @@ def read_scattered(store: Store, parts: Sequence[ScatteredPages], *,
     """
     keys: list[str] = []
     targets: list[list[memoryview]] = []
-    checks: list[tuple[Callable[..., str | None], memoryview, Sequence[memoryview],
-                       memoryview]] = []
+    checks: list[tuple[PageCodec, memoryview, Sequence[memoryview], memoryview]] = []
     for part in parts:
         codec, count = part.codec, len(part.keys)
         if len(part.payloads) != count:
@@ -268,17 +268,36 @@ def read_scattered(store: Store, parts: Sequence[ScatteredPages], *,
         for i, payload in enumerate(part.payloads):
             head = small[i * size : i * size + HEADER_BYTES]
             tail = small[i * size + HEADER_BYTES : (i + 1) * size]
-            checks.append((codec.verify_scattered, head, payload, tail))
+            checks.append((codec, head, payload, tail))
             targets.append([head, *payload, tail])
         keys += part.keys
     reasons: list[str | None] = []
+    page, running, fed = -1, None, 0  # NOTE: the page being read in runs: its checksum so far
 
     def each(i: int, size: int | None) -> None:
-        verify, head, payload, tail = checks[i]
-        reasons.append(verify(head, payload, tail, size, keys[i]))
+        nonlocal page
+        codec, head, payload, tail = checks[i]
+        whole = running if page == i and fed == len(payload) else None
+        page = -1
+        reasons.append(codec.verify_scattered(head, payload, tail, size, keys[i], whole))
+
+    def run_read(i: int, n: int) -> None:
+        nonlocal page, running, fed
+        payload = checks[i][2]
+        if page != i:
+            page, running, fed = i, checks[i][0].checksum_stream(), 0
+        if running is None:
+            return
+        upto = min(n - 1, len(payload))  # NOTE: target 0 is the header
+        for piece in payload[fed:upto]:
+            running.update(piece)
+        fed = max(fed, upto)
 
     if keys:
-        store.get_scattered(keys, targets, each)
+        if store.reads_in_parts:
+            store.get_scattered(keys, targets, each, part=run_read)
+        else:
+            store.get_scattered(keys, targets, each)
     if len(reasons) != len(keys):
         raise ValueError(f"{type(store).__name__}.get_scattered called each for "
                          f"{len(reasons)} of {len(keys)} keys; a store's get_scattered must "

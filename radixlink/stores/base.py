@@ -53,6 +53,10 @@ class Store(ABC):
     #: pages' bytes are spread over then reads into them directly instead of through staging.
     scatters: bool = False
 
+    #: Whether ``get_scattered`` calls ``part`` as a large value's pieces fill (a directory
+    #: reads a page file in runs): a load then checks each run while it is in cache.
+    reads_in_parts: bool = False
+
     @property
     def page_secret(self) -> bytes | None:
         """The secret pages in this store are sealed with (the URL's ``auth=``), or None.
@@ -97,6 +101,7 @@ class Store(ABC):
 
     def get_scattered(self, keys: Sequence[str], targets: Sequence[Sequence[memoryview]],
                       each: Callable[[int, int | None], None] | None = None,
+                      part: Callable[[int, int], None] | None = None,
                       ) -> list[int | None]:
         """Read each key's value into its pieces, in order, as one ``readv`` would: the
         first ``len(pieces[0])`` bytes into ``pieces[0]``, the next into ``pieces[1]``, and
@@ -111,6 +116,11 @@ class Store(ABC):
                 before the next value is read: a load checks each page while its bytes are
                 still in the core's cache. An exception it raises ends the call (every file
                 closed) and propagates.
+            part: given, ``part(i, n)`` may be called on this thread when key ``i``'s first
+                ``n`` pieces hold their bytes, before more of it is read (a caller checks a
+                large value in parts while each is in cache); n grows with each call for
+                one key, and every call for key ``i`` comes before ``each(i, ...)``. A store
+                may never call it (this default does not); ``each`` still comes.
 
         Returns:
             Per key its value's length, or None where it is missing. A value longer than its

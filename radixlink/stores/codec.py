@@ -31,6 +31,7 @@ from radixlink.stores.pageformat import (  # noqa: F401  (the format's names: re
     MISS_REASONS,
     SHORT,
     checksum_kind,
+    checksum_stream,
     key_digest,
     page_checksum,
     page_checksum_of,
@@ -311,12 +312,22 @@ class PageCodec:
         self._num_decoded += 1  # NOTE: no lock on the hot path; exact on GIL builds
         return view[HEADER_BYTES : HEADER_BYTES + length].toreadonly(), None
 
+    def checksum_stream(self) -> Any | None:
+        """A running checksum of the kind this codec writes, to feed a page's payload pieces
+        as they are read (``verify_scattered``'s ``streamed``), or None: sealed pages (the
+        tag is the check) or a kind with no running form (``pageformat.checksum_stream``)."""
+        return checksum_stream(self._kind) if self._sealer is None else None
+
     def verify_scattered(self, head: memoryview, payload: Sequence[memoryview],
-                         tail: memoryview, size: int | None, key: str) -> str | None:
+                         tail: memoryview, size: int | None, key: str,
+                         streamed: Any | None = None) -> str | None:
         """Why a page read scattered (``Store.get_scattered``: its header into ``head``, its
         payload into the ``payload`` pieces, in order, its tag into ``tail``; ``size`` bytes
         stored) is not a whole verified page of this layout, or None. The checks are
         ``verify``'s, the checksum and tag taken over the pieces where they lie.
+
+        ``streamed``: ``checksum_stream()`` fed every payload piece as it was read; it
+        stands for the checksum over the pieces where the header names this codec's kind.
 
         Only a page of exactly ``frame_bytes`` is checked past its header: a shorter page's
         tag lies among the pieces (a ``short`` miss when its header is whole and names a
@@ -332,7 +343,10 @@ class PageCodec:
             return SHORT  # NOTE: a whole page of a shorter payload: not a page of this pool
         if reason is None:
             sealer = self._sealer
-            if (kind or sealer is None) and page_checksum_of(kind, payload) != digest:
+            if streamed is not None and kind == self._kind:
+                if streamed.intdigest() != digest:
+                    reason = "checksum"
+            elif (kind or sealer is None) and page_checksum_of(kind, payload) != digest:
                 reason = "checksum"
             elif sealer is not None and not sealer.verify(key, (head, *payload), tail):
                 reason = "auth"

@@ -94,6 +94,7 @@ class DirectoryStore(Store):
     """
 
     scatters = True  # NOTE: one readv into a page's pieces, as into one staging frame
+    reads_in_parts = True  # NOTE: with ``part``, one readv per run of pagefiles.PART_BYTES
 
     def __init__(
         self,
@@ -201,21 +202,24 @@ class DirectoryStore(Store):
 
     def get_scattered(self, keys: Sequence[str], targets: Sequence[Sequence[memoryview]],
                       each: Callable[[int, int | None], None] | None = None,
+                      part: Callable[[int, int], None] | None = None,
                       ) -> list[int | None]:
-        """Read each page file straight into its pieces (one ``readv``: no staging between
-        the page cache and the pools), with ``get``'s rules for untrusted files; ``each``
-        runs after each file's read, before the next one's; see ``Store.get_scattered``."""
+        """Read each page file straight into its pieces (one ``readv``, or with ``part`` one
+        per run of ``pagefiles.PART_BYTES``: no staging between the page cache and the
+        pools), with ``get``'s rules for untrusted files; ``each`` runs after each file's
+        read, before the next one's; see ``Store.get_scattered``."""
         if len(keys) != len(targets):
             raise ValueError(f"get_scattered: {len(keys)} keys but {len(targets)} piece lists; "
                              "pass one list of buffers per key")
-        return self._read_into(keys, targets, each)
+        return self._read_into(keys, targets, each, part)
 
     def _read_into(self, keys: Sequence[str], targets: Sequence[Sequence[memoryview]],
-                   each: Callable[[int, int | None], None] | None = None) -> list[int | None]:
+                   each: Callable[[int, int | None], None] | None = None,
+                   part: Callable[[int, int], None] | None = None) -> list[int | None]:
         touch_before = None if self.read_only else time.time() - TOUCH_AFTER_S
         paths, unsafe = self._layout.read_paths(keys)
         out, refused, errors = pagefiles.read_pages_into(paths, targets, self.max_page_bytes,
-                                                         touch_before, each)
+                                                         touch_before, each, part)
         self._index.count_read_misses(unsafe + refused, errors)
         self._index.observe(keys, out, touch=True)
         return out

@@ -87,6 +87,13 @@ def page_checksum_of(kind: int, pieces: Sequence[memoryview]) -> int | None:
     return None
 
 
+def checksum_stream(kind: int) -> Any | None:
+    """A running ``page_checksum_of`` of ``kind`` fed piece by piece as a page is read
+    (``update(piece)``, then ``intdigest()``), or None where there is none here (only xxh3
+    has one)."""
+    return xxhash.xxh3_64() if kind == CHECKSUM_XXH3 and xxh3 is not None else None
+
+
 # NOTE: copying an initialised blake2b state is ~25% faster than building one with
 # digest_size=16 per page; the base state is never updated, so threads may share it.
 KEY_HASH = hashlib.blake2b(digest_size=16)

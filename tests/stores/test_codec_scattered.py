@@ -144,22 +144,58 @@ def test_scattered_read_policy_through_a_directory(tmp_path) -> None:
     parts = [pageio.ScatteredPages(codec, keys, views)]
     bad = pageio.BadKeys()
     checked: list[int] = []
+    streamed: list[bool] = []
     verify = codec.verify_scattered
 
-    def watched(head, payload, tail, size, key):  # noqa: ANN001, ANN202
+    def watched(head, payload, tail, size, key, running=None):  # noqa: ANN001, ANN202
         checked.append(sum(bytes(rows[i * PAGE : (i + 1) * PAGE]) == payloads[i]
                            for i in range(4)))  # pages read so far
-        return verify(head, payload, tail, size, key)
+        streamed.append(running is not None)
+        return verify(head, payload, tail, size, key, running)
 
     codec.verify_scattered = watched  # type: ignore[method-assign]
     read = pageio.read_scattered(store, parts, bad=bad)
     assert checked == [1, 1, 2, 2]  # page i checked before page i + 1 was read
+    assert streamed == [True, True, True, False]  # fed as read (the missing page was not)
     assert read.reasons == [None, "checksum", None, "missing"] and not read.ok
     assert read.bad_keys == [keys[1]] and keys[1] in bad and read.num_bytes == 2 * PAGE
     assert bytes(rows[:PAGE]) == payloads[0] and bytes(rows[2 * PAGE : 3 * PAGE]) == payloads[2]
     assert store.exists(keys) == [True, False, True, False]
     with pytest.raises(ValueError, match="3 keys but 4 payloads"):
         pageio.read_scattered(store, [pageio.ScatteredPages(codec, keys[:3], views)])
+    store.close()
+
+
+@pytest.mark.parametrize("flip", [None, 1_000, 300_000, 599_999])
+def test_a_page_checked_run_by_run_as_it_is_read(tmp_path, flip: int | None) -> None:
+    """A directory store reads a 600 KB page in runs and the check is fed each run as it is
+    read: a good page verifies with that running checksum, a byte flipped in the first,
+    a middle or the last run is a checksum miss (deleted)."""
+    store = open_store(f"file://{tmp_path}/store")
+    size = 600_000
+    codec = PageCodec("fp", size)
+    k = page_key("aaaa", f"{7:064x}", PoolName.KV)
+    data = random.Random(8).randbytes(size)
+    blob = bytearray(codec.encode(data, k))
+    if flip is not None:
+        blob[HEADER_BYTES + flip] ^= 0x04
+    store.put({k: bytes(blob)})
+    rows = memoryview(bytearray(size))
+    views = [tuple(rows[j * 10_000 : (j + 1) * 10_000] for j in range(60))]
+    fed: list[bool] = []
+    verify = codec.verify_scattered
+
+    def watched(head, payload, tail, n, key, running=None):  # noqa: ANN001, ANN202
+        fed.append(running is not None)
+        return verify(head, payload, tail, n, key, running)
+
+    codec.verify_scattered = watched  # type: ignore[method-assign]
+    read = pageio.read_scattered(store, [pageio.ScatteredPages(codec, [k], views)])
+    assert fed == [True]
+    assert read.reasons == [None if flip is None else "checksum"]
+    assert store.exists([k]) == [flip is None]
+    if flip is None:
+        assert bytes(rows) == data
     store.close()
 
 

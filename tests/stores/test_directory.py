@@ -85,6 +85,40 @@ def test_get_scattered_closes_every_file_when_each_raises(tmp_path: Path) -> Non
     store.close()
 
 
+def test_get_scattered_reads_a_page_in_runs_when_asked_for_parts(tmp_path: Path) -> None:
+    """With ``part`` a page file is read in runs of about ``PART_BYTES``: ``part(i, n)`` comes
+    when pieces 0..n-1 hold their bytes and the rest are not yet read, n growing, all before
+    ``each(i, ...)``; a file shorter than its pieces stops the calls at its short run."""
+    from radixlink.stores.pagefiles import PART_BYTES
+
+    store = DirectoryStore(tmp_path / "store")
+    piece = 10 * 1024
+    value = random.Random(4).randbytes(60 * piece)
+    store.put({key(0): value, key(1): value[: 30 * piece + 5]})
+    arena = memoryview(bytearray(2 * 60 * piece))
+    targets = [[arena[(k * 60 + j) * piece : (k * 60 + j + 1) * piece] for j in range(60)]
+               for k in range(2)]
+    calls: list[tuple[str, int, int]] = []
+
+    def part(i: int, n: int) -> None:
+        start = i * 60 * piece
+        assert bytes(arena[start : start + n * piece]) == value[: n * piece]
+        assert bytes(arena[start + n * piece : start + 60 * piece]) == bytes((60 - n) * piece)
+        calls.append(("part", i, n))
+
+    def each(i: int, size: int | None) -> None:
+        calls.append(("each", i, size or 0))
+
+    assert store.get_scattered([key(0), key(1)], targets, each, part=part) == [
+        60 * piece, 30 * piece + 5]
+    per_run = -(-PART_BYTES // piece)  # pieces a run holds: the first that reaches PART_BYTES
+    whole = [("part", 0, n) for n in range(per_run, 60, per_run)] + [("part", 0, 60)]
+    short = [("part", 1, n) for n in range(per_run, 30, per_run)]
+    assert calls == [*whole, ("each", 0, 60 * piece), *short, ("each", 1, 30 * piece + 5)]
+    assert bytes(arena[60 * piece : 90 * piece + 5]) == value[: 30 * piece + 5]
+    store.close()
+
+
 def test_get_scattered_over_more_pieces_than_one_readv_takes(tmp_path: Path) -> None:
     """A page read into more pieces than one ``readv`` takes (``IOV_MAX``, 1024 on Linux) is
     read whole, in order; a file shorter than its pieces fills the first of them."""
