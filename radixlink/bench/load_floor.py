@@ -28,9 +28,10 @@ def raw_rates(url: str, repeat: int = 3, pieces: int = 1) -> dict[str, Any]:
     (``direct_bound_GBps``, ``direct_two_core_bound_GBps``); checked page by page as it is
     read (``get_scattered``'s ``each``, as a load checks), each page is still in cache:
     ``direct_in_cache_GBps``, both passes on one core. With ``pieces`` > 1 (SGLang: a
-    page's payload lies in 2 x layers pools, one run of rows in each) the same read and check
-    with each page's payload read into ``pieces`` runs, one in each of ``pieces`` arrays, as
-    a load into SGLang's pools writes it: ``direct_in_layout_GBps``. And
+    page's payload lies in 2 x layers pools, one run of rows in each; vLLM: one run in each
+    layer's blocks) the same read and check with each page's payload read into ``pieces``
+    runs, one in each of ``pieces`` arrays, as a load into the engine's KV writes it and
+    checked as the load checks it: ``direct_in_layout_GBps``. And
     ``read_beside_memcpy_GBps`` is the read while another thread makes one memcpy of as many
     bytes: an upper bound on what that overlap is worth (an engine's landing is many smaller
     copies, whose Python between calls holds the GIL the read needs)."""
@@ -98,8 +99,10 @@ def raw_rates(url: str, repeat: int = 3, pieces: int = 1) -> dict[str, Any]:
 def _in_layout(store: Any, keys: list[str], size: int, pieces: int,
                sealer: Any) -> Callable[[], Any]:
     """A read of every page with its payload in ``pieces`` runs, page i's run j at row i of
-    array j (a pool's slots, in order), each page checked as soon as it is read: xxh3 over
-    the runs one after another, or the seal's tag (``Sealer.tag`` joins them first)."""
+    array j (a pool's slots, in order), each page checked as a load checks it: xxh3 over the
+    runs one after another, fed run by run as the store reads them where it ``reads_in_parts``
+    (``pagefiles.PART_BYTES``), or the seal's tag once it is read (``Sealer.tag`` joins them
+    first)."""
     import xxhash
 
     from radixlink.stores.pageformat import HEADER_BYTES
@@ -115,15 +118,30 @@ def _in_layout(store: Any, keys: list[str], size: int, pieces: int,
         targets.append([head[:HEADER_BYTES], *rows, head[HEADER_BYTES:]])
         payloads.append(rows)
 
+    running: list[Any] = [None, 0]  # NOTE: the page being read in runs: its xxh3, rows fed
+
+    def fed(i: int, n: int) -> None:  # NOTE: as pageio.read_scattered feeds a load's check
+        if running[0] is None:
+            running[:] = [xxhash.xxh3_64(), 0]
+        h, done = running
+        for row in payloads[i][done : n - 1]:
+            h.update(row)
+        running[1] = max(done, min(n - 1, pieces))
+
     def check(i: int, _: int | None = None) -> None:
         if sealer is not None:
             sealer.tag(keys[i], payloads[i])
             return
-        h = xxhash.xxh3_64()
-        for row in payloads[i]:
+        h, done = running
+        running[:] = [None, 0]
+        if h is None:
+            h = xxhash.xxh3_64()
+        for row in payloads[i][done:]:
             h.update(row)
         h.intdigest()
 
+    if sealer is None and store.reads_in_parts:
+        return lambda: store.get_scattered(keys, targets, check, part=fed)
     return lambda: store.get_scattered(keys, targets, check)
 
 

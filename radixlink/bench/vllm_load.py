@@ -72,7 +72,8 @@ def run(model: str, tmp: Path, prompt: list[int], new_tokens: int,
                          "GBps": round(line["bytes"] / total / 1e9, 2),
                          "ttft_s": round(ttft, 4), "ttft_over_device_hit_s":
                          round(ttft - device[1], 4)}  # fmt: skip
-        row.update(raw_rates(url))
+        layers = json.loads((Path(model) / "config.json").read_text())["num_hidden_layers"]
+        row.update(raw_rates(url, pieces=layers))  # NOTE: a block: one run in each layer
         out["cases"][case] = row
     unsealed, sealed = out["cases"]["unsealed"], out["cases"]["sealed"]
     out["warm_load_vs_raw_read"] = round(unsealed["warm load"]["GBps"] / unsealed["read_GBps"],
@@ -87,6 +88,10 @@ def run(model: str, tmp: Path, prompt: list[int], new_tokens: int,
     # NOTE: page by page, the check finds each page in cache (as a load's does)
     out["warm_load_vs_in_cache_bound"] = {
         case: round(row["warm load"]["GBps"] / row["one_core"]["direct_in_cache_GBps"], 3)
+        for case, row in out["cases"].items()}
+    # NOTE: and read into one run per layer, checked run by run as a load reads and checks
+    out["warm_load_vs_in_layout_bound"] = {
+        case: round(row["warm load"]["GBps"] / row["one_core"]["direct_in_layout_GBps"], 3)
         for case, row in out["cases"].items()}
     out["sealed_vs_unsealed"] = round(sealed["warm load"]["GBps"]
                                       / unsealed["warm load"]["GBps"], 3)
@@ -110,20 +115,23 @@ def print_rows(result: dict[str, Any]) -> None:
                          "1-core read+check GB/s": row["one_core"]["direct_bound_GBps"],
                          "1-core read+check in cache GB/s":
                              row["one_core"]["direct_in_cache_GBps"],
+                         "1-core read+check in layout GB/s":
+                             row["one_core"]["direct_in_layout_GBps"],
                          "TTFT over device hit s": load["ttft_over_device_hit_s"],
                          "identical": row["identical"]})
     print_table(f"load inside vLLM: one prompt of {result['prompt_tokens']} tokens, a fresh "
                 "engine's first load and a warm one, against a raw read and a memcpy of the "
                 "same bytes", rows)
     bound, two = result["warm_load_vs_one_core_bound"], result["warm_load_vs_two_pass_bound"]
-    cache = result["warm_load_vs_in_cache_bound"]
+    cache, layout = result["warm_load_vs_in_cache_bound"], result["warm_load_vs_in_layout_bound"]
     print(f"warm in-engine load / raw read: {result['warm_load_vs_raw_read']:.3f}x; sealed / "
           f"unsealed in-engine load: {result['sealed_vs_unsealed']:.3f}x; warm load / the "
           f"one-core bound of three passes (through staging): unsealed {bound['unsealed']:.3f}x,"
           f" sealed {bound['sealed']:.3f}x; of two (read straight into the blocks): unsealed "
           f"{two['unsealed']:.3f}x, sealed {two['sealed']:.3f}x; of two, each page checked "
           f"as it is read (in cache): unsealed {cache['unsealed']:.3f}x, sealed "
-          f"{cache['sealed']:.3f}x")
+          f"{cache['sealed']:.3f}x; so, into one run per layer as the load reads and checks "
+          f"it: unsealed {layout['unsealed']:.3f}x, sealed {layout['sealed']:.3f}x")
     for case, row in result["cases"].items():
         one = row["one_core"]
         print(f"  {case}, one core: read {one['read_GBps']} GB/s, check {one['check_GBps']} "
