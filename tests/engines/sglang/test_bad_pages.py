@@ -6,6 +6,9 @@ record counts the bad pages and the rewrites."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from .conftest import SGLANG_MISSING
@@ -68,15 +71,8 @@ def test_linker_two_bad_pages_are_deleted_and_written_again(file_url, nodes) -> 
     assert c.linker.stats()["saved_pages"] == 2
     with open_store(file_url) as store:
         assert store.exists([flip, cut]) == [True, True]
-    d = nodes(FULL, file_url, 4)
-    got = d.restore(PROMPT, "r3")
-    assert (got.loaded_len, got.failed) == (40, False)
-    have = d.full_bytes(got.slots)
-    for page in range(10):
-        rows = slice(page * 4, page * 4 + 4)
-        src, slots = (c, c_slots) if page in (3, 7) else (a, a_slots)
-        want = src.full_bytes(slots[rows])
-        assert all(torch.equal(x, y[rows]) for x, y in zip(want, have, strict=True)), page
+    _restores_whole(nodes(FULL, file_url, 4), "r3",
+                    lambda page: [(c, c_slots) if page in (3, 7) else (a, a_slots)])
 
 
 def test_linker_a_damaged_page_behind_a_missing_one_is_rewritten_in_one_pass(
@@ -100,16 +96,22 @@ def test_linker_a_damaged_page_behind_a_missing_one_is_rewritten_in_one_pass(
     assert (b.linker.stats()["fetched_pages"], b.linker.stats()["bad_pages"]) == (3, 0)
     b_slots = b.serve(PROMPT)
     assert b.linker.stats()["saved_pages"] >= 7
-    d = nodes(FULL, file_url, 4)
-    got = d.restore(PROMPT, "r2")
+    _restores_whole(nodes(FULL, file_url, 4), "r2",
+                    lambda page: [(b, b_slots)] if page >= 3 else [(a, a_slots), (b, b_slots)])
+
+
+def _restores_whole(node: Any, rid: str, writers: Callable[[int], list[tuple[Any, Any]]]
+                    ) -> None:
+    """``node`` restores all 10 pages of PROMPT from the store, each page's K/V rows those
+    of one of ``writers(page)`` (a node and the slots it served PROMPT into)."""
+    got = node.restore(PROMPT, rid)
     assert (got.loaded_len, got.failed) == (40, False)
-    have = d.full_bytes(got.slots)
+    have = node.full_bytes(got.slots)
     for page in range(10):
         rows = slice(page * 4, page * 4 + 4)
-        writers = [(b, b_slots)] if page >= 3 else [(a, a_slots), (b, b_slots)]
         assert any(all(torch.equal(x, y[rows])
                        for x, y in zip(src.full_bytes(slots[rows]), have, strict=True))
-                   for src, slots in writers), page
+                   for src, slots in writers(page)), page
 
 
 def test_hicache_two_bad_pages_are_deleted_and_written_again(file_url: str) -> None:
