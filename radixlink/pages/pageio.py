@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlink.pages.badkeys import BadKeys
 from radixlink.pages.staging import Frames, StagingArena, frames_bytes, layout_frames
 from radixlink.stores.base import Store
 from radixlink.stores.codec import PageCodec
@@ -33,7 +33,6 @@ logger = logging.getLogger(__name__)
 
 Codec = PageCodec  # NOTE: the one name callers outside stores/ use for a pool's codec
 MISSING = "missing"  # the reason of a miss the codec does not see
-_MAX_BAD_KEYS = 1 << 16  # bad keys remembered until rewritten; then the set starts over
 
 
 def make_codec(fingerprint: str, page_bytes: int, *, secret: Any = None,
@@ -51,45 +50,6 @@ def make_codec(fingerprint: str, page_bytes: int, *, secret: Any = None,
 def leading_present(flags: Sequence[bool]) -> int:
     """How many leading pages of a key chain are present (``flags`` from ``present``)."""
     return next((i for i, ok in enumerate(flags) if not ok), len(flags))
-
-
-# ---------------------------------------------------------------- the corrupt-page record
-
-class BadKeys:
-    """Keys found bad here (deleted from the store) and not rewritten since: a writer that
-    skips pages the store reports present still writes these. Bounded; thread-safe."""
-
-    def __init__(self, capacity: int = _MAX_BAD_KEYS) -> None:
-        self._keys: set[str] = set()
-        self._capacity = capacity
-        self._lock = threading.Lock()
-
-    def add(self, keys: Sequence[str]) -> None:
-        if not keys:
-            return
-        with self._lock:
-            if len(self._keys) + len(keys) > self._capacity:
-                self._keys.clear()  # NOTE: bounded memory; a forgotten key heals later
-            self._keys.update(keys)
-
-    def discard(self, keys: Iterable[str]) -> list[str]:
-        """Forget ``keys`` (rewritten); the ones that were bad."""
-        if not self._keys:
-            return []
-        with self._lock:
-            healed = [k for k in keys if k in self._keys]
-            self._keys.difference_update(healed)
-        return healed
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._keys
-
-    def mask(self, keys: Sequence[str], flags: Sequence[bool]) -> list[bool]:
-        """``flags`` with every bad key's flag cleared (a failed delete still reads absent)."""
-        if not self._keys:
-            return list(flags)
-        with self._lock:
-            return [ok and key not in self._keys for key, ok in zip(keys, flags)]
 
 
 def present(store: Store, keys: Sequence[str], bad: BadKeys | None = None) -> list[bool]:

@@ -30,6 +30,7 @@ from radixlink.stores.pageformat import (  # noqa: F401  (the format's names: re
     MAGIC,
     MISS_REASONS,
     SHORT,
+    as_bytes_view,
     checksum_kind,
     checksum_stream,
     key_digest,
@@ -47,25 +48,6 @@ from radixlink.stores.seal import (  # noqa: F401  (MIN_SECRET_BYTES, TAG_BYTES:
     Sealer,
     check_mac,
 )
-
-
-def _as_bytes_view(data: Any) -> memoryview:
-    """A flat byte view of ``data`` without copying (bytes-like or a CPU torch tensor)."""
-    if type(data) is bytes:  # the common case, first
-        return memoryview(data)
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        view = memoryview(data)
-        return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-    device = getattr(data, "device", None)
-    if device is None or not hasattr(data, "numpy"):
-        raise ValueError(f"cannot encode {type(data).__name__}: pass bytes or a CPU tensor")
-    if device.type != "cpu":
-        raise ValueError(f"page data is on {device}; copy it to pinned host memory first")
-    if not data.is_contiguous():
-        raise ValueError("page tensor is not contiguous; call .contiguous() at the boundary")
-    import torch  # the stores need torch only for tensors, which the caller already imported
-
-    return memoryview(data.reshape(-1).view(torch.uint8).numpy())
 
 
 class PageCodec:
@@ -166,7 +148,7 @@ class PageCodec:
         """
         if not isinstance(key, str):
             raise ValueError(f"key must be the store key (str), got {type(key).__name__}")
-        view = _as_bytes_view(data)
+        view = as_bytes_view(data)
         if view.nbytes > self.page_bytes:
             raise ValueError(
                 f"page payload is {view.nbytes} bytes but the layout's page is "

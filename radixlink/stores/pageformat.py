@@ -1,5 +1,6 @@
 """The bytes of a page (DESIGN.md section 6): the header's layout and format version, the
-checksum kinds and their functions, the store-key digest, the miss reasons.
+checksum kinds and their functions (one buffer, pieces, or fed as read), the store-key digest,
+the miss reasons, the byte view of a payload to encode (``as_bytes_view``).
 
 Owns what a page looks like; ``codec.py`` owns encoding and verifying pages of one layout,
 ``seal.py`` the MAC keys and tags. Knows nothing of stores or the tree.
@@ -129,3 +130,27 @@ def checksum_kind(name: str) -> tuple[str, int]:
     if name == "xxh3" and xxh3 is None:
         raise ValueError("checksum='xxh3' needs the xxhash package: pip install xxhash")
     return name, kinds[name]
+
+
+def as_bytes_view(data: Any) -> memoryview:
+    """A flat byte view of ``data`` without copying (bytes-like or a CPU torch tensor): the
+    payload a codec encodes.
+
+    Raises:
+        ValueError: ``data`` is neither, or a tensor off the CPU or not contiguous.
+    """
+    if type(data) is bytes:  # the common case, first
+        return memoryview(data)
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        view = memoryview(data)
+        return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+    device = getattr(data, "device", None)
+    if device is None or not hasattr(data, "numpy"):
+        raise ValueError(f"cannot encode {type(data).__name__}: pass bytes or a CPU tensor")
+    if device.type != "cpu":
+        raise ValueError(f"page data is on {device}; copy it to pinned host memory first")
+    if not data.is_contiguous():
+        raise ValueError("page tensor is not contiguous; call .contiguous() at the boundary")
+    import torch  # the stores need torch only for tensors, which the caller already imported
+
+    return memoryview(data.reshape(-1).view(torch.uint8).numpy())
