@@ -199,6 +199,30 @@ def test_a_page_checked_run_by_run_as_it_is_read(tmp_path, flip: int | None) -> 
     store.close()
 
 
+def test_sealed_pages_are_not_read_in_runs(tmp_path) -> None:
+    """A sealed page's tag is taken once it is read, so a read of sealed pages asks the
+    directory store for no runs (their extra ``readv`` calls would only cost); an unsealed
+    read does."""
+    from radixlink.stores.directory import DirectoryStore
+
+    class Watched(DirectoryStore):
+        asked: list[bool] = []
+
+        def get_scattered(self, keys, targets, each=None, part=None):  # type: ignore[no-untyped-def]
+            self.asked.append(part is not None)
+            return super().get_scattered(keys, targets, each, part)
+
+    store = Watched(tmp_path / "store")
+    k = page_key("aaaa", f"{9:064x}", PoolName.KV)
+    for codec in (PageCodec("fp", PAGE, secret=PageSecret(bytes(range(32)))),
+                  PageCodec("fp", PAGE)):
+        store.put({k: codec.encode(bytes(PAGE), k)})
+        views = [(memoryview(bytearray(PAGE)),)]
+        assert pageio.read_scattered(store, [pageio.ScatteredPages(codec, [k], views)]).ok
+    assert Watched.asked == [False, True]
+    store.close()
+
+
 def test_a_store_that_skips_each_is_a_clear_error() -> None:
     """A store whose ``get_scattered`` never calls ``each`` (a backend written against the
     older contract) fails the read with an error that names it, not deep in the policy."""
