@@ -37,7 +37,9 @@ _LOAD_LINE = re.compile(r"radixlink (?:load batch \d+|hicache get): (?:(\d+) of 
                         r"(?:\w+ )?pages, (\d+) bytes; read and verified in ([\d.]+) s, "
                         r"landed in ([\d.]+) s")
 _STREAMED_LINE = re.compile(r"radixlink load batch \d+: (\d+) pages, (\d+) bytes; read, verified "
-                            r"and landed in ([\d.]+) s \(([\d.]+) s of copies")
+                            r"and landed in ([\d.]+) s \(([\d.]+) s on its thread's CPU, "
+                            r"([\d.]+) s of copies")
+_WAIT_LINE = re.compile(r"radixlink load batch \d+: the forward waited ([\d.]+) s on it")
 
 
 def _prompts(model_dir: str, num: int, prefix_len: int) -> list[list[int]]:
@@ -59,8 +61,9 @@ def _prompts(model_dir: str, num: int, prefix_len: int) -> list[list[int]]:
 def _loads(log: str) -> dict[str, float]:
     """Pages, payload bytes and seconds of every store load an engine's log reports. A
     streamed load (CPU pools) lands while it reads: its copies count as landing, the rest of
-    its time as read and verify, so the two add up to its wall time."""
-    pages = nbytes = read_s = land_s = streamed = 0.0
+    its time as read and verify, so the two add up to its wall time; its thread's CPU time
+    is ``cpu_s``. ``waited_s``: how long the forward waited on the loads (the linker's)."""
+    pages = nbytes = read_s = land_s = streamed = cpu_s = 0.0
     for match in _LOAD_LINE.finditer(log):
         good, total, size, read, land = match.groups()
         pages += float(good if good is not None else total)
@@ -68,14 +71,16 @@ def _loads(log: str) -> dict[str, float]:
         read_s += float(read)
         land_s += float(land)
     for match in _STREAMED_LINE.finditer(log):
-        total, size, wall, copies = match.groups()
+        total, size, wall, cpu, copies = match.groups()
         pages += float(total)
         nbytes += float(size)
         read_s += float(wall) - float(copies)
         land_s += float(copies)
+        cpu_s += float(cpu)
         streamed += 1
+    waits = [float(m.group(1)) for m in _WAIT_LINE.finditer(log)]
     return {"pages": pages, "bytes": nbytes, "read_s": read_s, "land_s": land_s,
-            "streamed": streamed}
+            "streamed": streamed, "cpu_s": cpu_s, "waited_s": sum(waits), "waits": len(waits)}
 
 
 def _round(nodes: dict[str, Any], prompt: list[int], new_tokens: int, flip: bool,
@@ -177,7 +182,16 @@ def _rates(load: dict[str, float], raw: dict[str, Any]) -> dict[str, Any]:
             "read_beside_memcpy_GBps": raw["read_beside_memcpy_GBps"],
             "vs_raw_read": round(landed / raw["read_GBps"], 3),
             "vs_in_layout_bound": (round(landed / raw["one_core"]["direct_in_layout_GBps"], 3)
-                                   if raw["one_core"]["direct_in_layout_GBps"] else None)}
+                                   if raw["one_core"]["direct_in_layout_GBps"] else None),
+            # NOTE: a streamed load's thread on the CPU, and how long the forward waited on
+            # the loads: the rest of a load overlapped the scheduler preparing its batch
+            "cpu_GBps": gbps(load["bytes"], load["cpu_s"]) if load["streamed"] else None,
+            "on_cpu_share": (round(load["cpu_s"] / (load["read_s"] + load["land_s"]), 3)
+                             if load["streamed"] else None),
+            "forward_waited_ms_per_load": (round(load["waited_s"] / load["waits"] * 1e3, 2)
+                                           if load["waits"] else None),
+            "forward_wait_share": (round(load["waited_s"] / (load["read_s"] + load["land_s"]), 3)
+                                   if load["waits"] else None)}
 
 
 def _read_verify(load: dict[str, Any]) -> str:
@@ -223,6 +237,11 @@ def main(argv: list[str]) -> int:
               f"{load['one_core']['direct_in_layout_GBps']} GB/s so with each page in the "
               f"pools' layout (a run of rows in each layer's K and V); the read "
               f"beside a memcpy on the other core: {load['read_beside_memcpy_GBps']} GB/s)")
+        if load["forward_waited_ms_per_load"] is not None:
+            print(f"  {p_name}: the load's thread on the CPU {load['on_cpu_share']} of its wall "
+                  f"({load['cpu_GBps']} GB/s of CPU time); the forward waited "
+                  f"{load['forward_waited_ms_per_load']} ms a load, {load['forward_wait_share']} "
+                  f"of the load's wall (the rest overlapped the scheduler preparing the batch)")
     print(f"sealed / unsealed linker load inside the engine: "
           f"{result['sealed_vs_unsealed_load']}x")
     print(f"outputs identical across cases: {result['outputs_identical_across_cases']}")

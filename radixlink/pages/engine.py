@@ -126,13 +126,16 @@ class Job:
 class Completion:
     """How one job ended: its status, payload bytes moved, seconds, a detail in words, and
     what the read found (``read``: per page None or the reason it is not data) or the write
-    did (``written``)."""
+    did (``written``). ``cpu_seconds`` is the CPU time of the thread that ran it (a verify
+    thread's not counted): ``seconds`` less it is the time that thread waited for a core or
+    the GIL, or on the store."""
 
     job_id: int
     kind: TransferKind
     status: TransferStatus
     num_bytes: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
     detail: str = ""
     read: pageio.ReadResult | None = None
     written: pageio.WriteResult | None = None
@@ -281,7 +284,7 @@ class TransferEngine:
             self._guarded(*item)
 
     def _guarded(self, job_id: int, job: Job) -> Completion:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         with self._lock:
             self._running[job_id] = job.kind
         try:
@@ -292,6 +295,7 @@ class TransferEngine:
             if job.kind is _OFFLOAD:
                 self._count(failed_saves=job.num_pages)
         done.seconds = time.perf_counter() - start
+        done.cpu_seconds = time.thread_time() - cpu
         self._finish(job_id, job, done)
         return done
 

@@ -263,6 +263,26 @@ def test_a_load_read_in_chunks_has_the_verdict_order_and_bytes_of_one_read(
         engine.close()
 
 
+def test_a_job_reports_its_threads_cpu_time_apart_from_its_wall_time() -> None:
+    """A completion's ``cpu_seconds`` is the CPU time of the thread that ran the job, so a
+    load's log can tell its own work from its waits: a load whose store answers after 150 ms
+    of sleep has that in ``seconds`` and not in ``cpu_seconds``."""
+    from radixlink.pages.engine import Job, TransferEngine, TransferKind
+
+    inner, arena = MemoryStore(1 << 20), StagingArena()
+    codecs, keys, data = _two_pools(inner, arena)
+    store = FaultyStore(inner, delay_ms=150.0, ops=("get",))
+    engine = TransferEngine(store, 1, arena)
+    try:
+        staging, parts = pageio.stage_pages(arena, list(zip(codecs, keys)))
+        done = engine.run(Job(kind=TransferKind.LOAD, parts=parts, staging=staging))
+        engine.release(Job(kind=TransferKind.LOAD, parts=parts, staging=staging))
+    finally:
+        engine.close()
+    assert done.ok and done.seconds >= 0.15
+    assert 0.0 < done.cpu_seconds < done.seconds - 0.1
+
+
 def test_a_chunked_load_whose_read_fails_returns_only_once_no_chunk_is_being_verified(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A store error on the second chunk ends the load as STORE_ERROR, but only after the

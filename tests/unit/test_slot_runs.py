@@ -4,6 +4,7 @@ staging frames, for device pools (per layer) and for the host pool's four layout
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -165,7 +166,8 @@ def test_host_pages_land_from_staging_frames_and_read_back(
 def test_both_load_lines_parse_in_bench_sglang(caplog: pytest.LogCaptureFixture) -> None:
     """``bench sglang`` reads the linker's per-batch lines: a staged batch (read and verify,
     then the landing) and a streamed one (landed while read: its copies count as landing,
-    the rest as read and verify, adding up to its wall time)."""
+    the rest as read and verify, adding up to its wall time; its thread's CPU time apart),
+    and the forward's wait on a batch (``finish_layer_wise_loading``'s line)."""
     from radixlink.bench.sglang_engine import _loads
     from radixlink.integrations.sglang.workers import ChunkLanding, LayerLanding, PageMove, log_load
     from radixlink.pages import pageio
@@ -182,6 +184,10 @@ def test_both_load_lines_parse_in_bench_sglang(caplog: pytest.LogCaptureFixture)
     for landing, seconds in ((streamed, 2.0), (staged, 4.0)):
         log_load(landing.index, [move], Completion(job_id=0, kind=TransferKind.LOAD,
                                                    status=TransferStatus.OK, num_bytes=1000,
-                                                   seconds=seconds), landing)
+                                                   seconds=seconds, cpu_seconds=seconds / 4),
+                 landing)
+    logging.getLogger("radixlink.integrations.sglang.linker").info(
+        "radixlink load batch %d: the forward waited %.4f s on it", 1, 0.0125)
     assert _loads(caplog.text) == {"pages": 4, "bytes": 2000, "read_s": 1.25 + 2.5,
-                                   "land_s": 0.75 + 1.5, "streamed": 1}
+                                   "land_s": 0.75 + 1.5, "streamed": 1, "cpu_s": 0.5,
+                                   "waited_s": 0.0125, "waits": 1}

@@ -27,8 +27,10 @@ from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCache
 
 try:
     from sglang.srt.mem_cache.unified_cache.unified_cache_linker import LayerWiseLoadCounter
+
+    from radixlink.integrations.sglang.load_counter import TimedLoadCounter
 except ImportError:  # NOTE: SGLang's PR #40595 revision has none (see REFUSED_REVISION)
-    LayerWiseLoadCounter = None
+    LayerWiseLoadCounter = TimedLoadCounter = None
 
 from radixlink.contract import PoolHitPolicy, PoolName
 from radixlink.integrations.sglang.device_pools import DevicePools, build_device_pools
@@ -103,7 +105,7 @@ class RadixlinkLinker(UnifiedCacheLinker):
         extra_config: dict[str, Any] | None = None,
         forward_stream: Any = None,
     ) -> None:
-        if LayerWiseLoadCounter is None:
+        if LayerWiseLoadCounter is None or TimedLoadCounter is None:
             raise ValueError(REFUSED_REVISION)
         self.forward_stream = forward_stream
         settings = parse_settings(
@@ -136,7 +138,7 @@ class RadixlinkLinker(UnifiedCacheLinker):
         self.pools: dict[SGLangPoolName, object] = {
             SGLangPoolName(name.value): view for name, view in views.items()
         }
-        self.layer_done_counter = LayerWiseLoadCounter(self._device_pools.num_layers)
+        self.layer_done_counter = TimedLoadCounter(self._device_pools.num_layers)
         if PoolName.MAMBA in views:
             # NOTE: Mamba states are read through the request pool, which waits on its own
             # counter; the KV pool's counter is registered by SGLang's cache factory.
@@ -255,6 +257,8 @@ class RadixlinkLinker(UnifiedCacheLinker):
             return bool(self.layer_done_counter.finish(counter_index))
         finally:
             self._batches.forget(counter_index)
+            logger.info("radixlink load batch %d: the forward waited %.4f s on it",
+                        counter_index, self.layer_done_counter.pop_waited(counter_index))
 
     @never_raises(zero)
     def num_completed_loads(self) -> int:

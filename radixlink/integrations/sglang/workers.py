@@ -330,8 +330,9 @@ def log_load(index: int, moves: Sequence[PageMove], done: Completion,
     pages = sum(len(m.keys) for m in moves)
     if isinstance(landing, ChunkLanding):
         logger.info("radixlink load batch %d: %d pages, %d bytes; read, verified and landed in "
-                    "%.4f s (%.4f s of copies into the pools during it)", index, pages,
-                    done.num_bytes, done.seconds, landing.land_s)
+                    "%.4f s (%.4f s on its thread's CPU, %.4f s of copies into the pools "
+                    "during it)", index, pages, done.num_bytes, done.seconds, done.cpu_seconds,
+                    landing.land_s)
     else:
         logger.info("radixlink load batch %d: %d pages, %d bytes; read and verified in %.4f s, "
                     "landed in %.4f s", index, pages, done.num_bytes,
