@@ -410,6 +410,7 @@ def _stream_and_check(chunk_pages: int, one_core: bool, monkeypatch: pytest.Monk
     codecs, keys, data = _two_pools(store, arena)
     stride = frame_stride(codecs[0].frame_bytes)
     monkeypatch.setattr(stream_module, "CHUNK_BYTES", chunk_pages * stride)
+    monkeypatch.setattr(stream_module, "DIRECT_READ_BYTES", 0)  # NOTE: chunks, direct too
     copied: list[object] = []
     land = (lambda *args: copied.append(args)) if direct else None
     arena.most = 0  # NOTE: the saves above used staging; the load is counted from here
@@ -438,21 +439,55 @@ def _stream_and_check(chunk_pages: int, one_core: bool, monkeypatch: pytest.Monk
     assert arena.out == 0 and not copied
 
 
-@pytest.mark.parametrize("failure", ["store", "land", "direct read"])
+@pytest.mark.parametrize("fits", [True, False], ids=["one pass", "over the bound"])
+def test_a_direct_stream_over_many_chunks_is_read_in_one_pass(
+        fits: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream read straight into its targets has no staging for chunks to bound: up to
+    ``DIRECT_READ_BYTES`` of payload it is one ``get_scattered`` of every page (each chunk
+    boundary cost the reads around it), the same verdicts and bytes; over it, one call a
+    chunk as before."""
+    from radixlink.pages import stream as stream_module
+
+    store, arena = _CountingScatters(1 << 20), _CountingArena()
+    codecs, keys, data = _two_pools(store, arena)
+    monkeypatch.setattr(stream_module, "CHUNK_BYTES", frame_stride(codecs[0].frame_bytes))
+    monkeypatch.setattr(stream_module, "DIRECT_READ_BYTES", 9 * PAGE if fits else 9 * PAGE - 1)
+    done, rows, landed, threaded = _streamed(store, codecs, keys, arena, direct=True)
+    assert done.ok and done.read is not None and done.read.reasons == [None] * 9
+    assert all(torch.equal(r, d) for r, d in zip(rows, data)) and not threaded
+    assert store.scattered == (1 if fits else 9)
+    assert landed == ([(0, 0, 6), (1, 0, 3)] if fits else
+                      [(0, i, 1) for i in range(6)] + [(1, i, 1) for i in range(3)])
+
+
+class _CountingScatters(MemoryStore):
+    """A memory store that counts ``get_scattered`` calls."""
+
+    scattered = 0
+
+    def get_scattered(self, keys, targets, each=None, part=None):  # type: ignore[no-untyped-def]
+        self.scattered += 1
+        return super().get_scattered(keys, targets, each, part)
+
+
+@pytest.mark.parametrize("failure", ["store", "land", "direct read", "direct in one pass"])
 def test_a_streamed_load_that_fails_gives_every_chunks_staging_back(
         failure: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A store error on the third chunk (through staging, or read straight into the
-    targets), or a landing that raises on the second, ends the streamed load as STORE_ERROR
-    with the error in its detail, nothing raised, and every chunk's staging back in the
-    arena."""
+    targets), or in a direct read of one pass, or a landing that raises on the second
+    chunk, ends the streamed load as STORE_ERROR with the error in its detail, nothing
+    raised, and every chunk's staging back in the arena."""
     from radixlink.pages import stream as stream_module
     from radixlink.pages.engine import TransferStatus
 
-    store, arena = _FailingRead(0 if failure == "land" else 3), _CountingArena()
+    fail_at = {"land": 0, "direct in one pass": 1}.get(failure, 3)
+    store, arena = _FailingRead(fail_at), _CountingArena()
     codec = pageio.make_codec("fp", PAGE)
     keys = PageKeys().keys(PoolName.KV, HASHES, "ab")
     assert _save(store, codec, keys, _pages(6, seed=1), arena).ok
     monkeypatch.setattr(stream_module, "CHUNK_BYTES", 1)
+    if failure == "direct read":
+        monkeypatch.setattr(stream_module, "DIRECT_READ_BYTES", 0)  # NOTE: chunks
     calls = []
 
     def land(spans, piece, read) -> None:  # type: ignore[no-untyped-def]
@@ -462,7 +497,7 @@ def test_a_streamed_load_that_fails_gives_every_chunks_staging_back(
 
     done, _, _, _ = _streamed(store, [codec], [keys], arena,
                               land=land if failure == "land" else None,
-                              direct=failure == "direct read")
+                              direct=failure.startswith("direct"))
     assert done.status is TransferStatus.STORE_ERROR
     assert ("landing bug" if failure == "land" else "went away") in done.detail
     assert arena.out == 0 and arena.most <= stream_module.STREAM_WINDOW + 1
