@@ -185,7 +185,7 @@ def _load(args: argparse.Namespace, model: str) -> dict[str, Any]:
     prompt = _prompts(model, 1, args.load_tokens)[0]
     tmp = Path(tempfile.mkdtemp(prefix="radixlink-bench-vllm-load-"))
     try:
-        return vllm_load.run(model, tmp, prompt, args.new_tokens, _served)
+        return vllm_load.run(model, tmp, prompt, args.new_tokens, _served, args.warm_loads)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -204,6 +204,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--load-tokens", type=int_at_least(0), default=4096,
                    help="prompt tokens of the in-engine load-rate section (unsealed and "
                    "sealed stores; 0 skips it)")
+    p.add_argument("--warm-loads", type=int_at_least(1), default=3,
+                   help="a warm engine's loads of the load-rate section a store, their "
+                   "median reported (one load swings by more than most changes it measures)")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
     from radixlink.integrations.vllm.demo import missing
