@@ -143,6 +143,18 @@ class Store(ABC):
                 each(len(out) - 1, out[-1])
         return out
 
+    def get_scattered_xxh3(self, keys: Sequence[str], targets: Sequence[Sequence[memoryview]],
+                           ) -> tuple[list[int | None], list[int | None]] | None:
+        """``get_scattered`` (no ``each``, no ``part``) that also hands back each value's
+        xxh3 over its pieces but the first and the last (a page's payload between its header
+        and its tag), computed as it was read, in one call that lets the GIL go: a load beside
+        an engine's Python then never waits on it. Per key its length (as ``get_scattered``)
+        and its digest, None where it was not read whole into its pieces.
+
+        None (the default): this store has no such read; the caller uses ``get_scattered``.
+        """
+        return None
+
     @abstractmethod
     def put(self, items: Mapping[str, Any]) -> list[bool]:
         """Store every item, overwriting; True per item the store accepted, in ``items`` order.

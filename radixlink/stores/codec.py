@@ -294,6 +294,12 @@ class PageCodec:
         self._num_decoded += 1  # NOTE: no lock on the hot path; exact on GIL builds
         return view[HEADER_BYTES : HEADER_BYTES + length].toreadonly(), None
 
+    @property
+    def checks_xxh3(self) -> bool:
+        """Whether its pages' check is an xxh3 of the payload (unsealed, ``checksum="xxh3"``):
+        ``Store.get_scattered_xxh3`` can compute it as it reads."""
+        return self._sealer is None and self._kind == CHECKSUM_XXH3
+
     def checksum_stream(self) -> Any | None:
         """A running checksum of the kind this codec writes, to feed a page's payload pieces
         as they are read (``verify_scattered``'s ``streamed``), or None: sealed pages (the

@@ -213,16 +213,37 @@ class DirectoryStore(Store):
                              "pass one list of buffers per key")
         return self._read_into(keys, targets, each, part)
 
+    def get_scattered_xxh3(self, keys: Sequence[str], targets: Sequence[Sequence[memoryview]],
+                           ) -> tuple[list[int | None], list[int | None]] | None:
+        """``get_scattered``'s reads in the compiled loop (``pagefiles.read_pages_xxh3``),
+        or None where it is not built; see ``Store.get_scattered_xxh3``."""
+        if len(keys) != len(targets):
+            raise ValueError(f"get_scattered_xxh3: {len(keys)} keys but {len(targets)} piece "
+                             "lists; pass one list of buffers per key")
+        read = self._read(keys, lambda paths, touch_before: pagefiles.read_pages_xxh3(
+            paths, targets, self.max_page_bytes, touch_before))
+        return None if read is None else (read[0], read[3])
+
     def _read_into(self, keys: Sequence[str], targets: Sequence[Sequence[memoryview]],
                    each: Callable[[int, int | None], None] | None = None,
                    part: Callable[[int, int], None] | None = None) -> list[int | None]:
+        read = self._read(keys, lambda paths, touch_before: pagefiles.read_pages_into(
+            paths, targets, self.max_page_bytes, touch_before, each, part))
+        return read[0]
+
+    def _read(self, keys: Sequence[str], read: Callable[[list[str | None], float | None], Any],
+              ) -> Any:
+        """``read(paths, touch_before)``, a ``pagefiles`` read of the keys' page files, with
+        its refusals, errors and hits counted; what it returned (None: no read, nothing
+        counted)."""
         touch_before = None if self.read_only else time.time() - TOUCH_AFTER_S
         paths, unsafe = self._layout.read_paths(keys)
-        out, refused, errors = pagefiles.read_pages_into(paths, targets, self.max_page_bytes,
-                                                         touch_before, each, part)
-        self._index.count_read_misses(unsafe + refused, errors)
-        self._index.observe(keys, out, touch=True)
-        return out
+        result = read(paths, touch_before)
+        if result is not None:
+            sizes, refused, errors = result[:3]
+            self._index.count_read_misses(unsafe + refused, errors)
+            self._index.observe(keys, sizes, touch=True)
+        return result
 
     def put(self, items: Mapping[str, Any]) -> list[bool]:
         views = [(key, memoryview(value).cast("B")) for key, value in items.items()]

@@ -119,6 +119,62 @@ def test_get_scattered_reads_a_page_in_runs_when_asked_for_parts(tmp_path: Path)
     store.close()
 
 
+def test_the_compiled_loop_reads_as_get_scattered_and_checksums_each_payload(
+        tmp_path: Path, page_loop: str) -> None:
+    """``get_scattered_xxh3`` through the compiled loop: the same sizes and bytes as
+    ``get_scattered`` (pages over more pieces than one ``readv`` takes, and in runs: 2,500
+    pieces of 1 byte, 60 of 10 KiB; a short file, a missing one), and each page's digest the
+    xxh3 of its pieces but the first and the last, None where it was not read whole; in
+    Python alone there is no such read (None)."""
+    import xxhash
+
+    store = DirectoryStore(tmp_path / "store")
+    small, big = random.Random(3).randbytes(3000), random.Random(5).randbytes(600 * 1024)
+    store.put({key(0): small, key(1): small[:1500], key(2): big})
+    shapes = [[1] * 2500, [1] * 2500, [10 * 1024] * 60, [100]]  # the last page is missing
+    keys = [key(i) for i in range(4)]
+
+    def targets() -> tuple[memoryview, list[list[memoryview]]]:
+        arena = memoryview(bytearray(sum(map(sum, shapes))))
+        out, at = [], 0
+        for shape in shapes:
+            out.append([arena[at + sum(shape[:j]) : at + sum(shape[: j + 1])]
+                        for j in range(len(shape))])
+            at += sum(shape)
+        return arena, out
+
+    plain_arena, plain = targets()
+    sizes = store.get_scattered(keys, plain)
+    arena, compiled = targets()
+    read = store.get_scattered_xxh3(keys, compiled)
+    if page_loop == "python":
+        assert read is None
+        return
+    assert read is not None
+    assert read[0] == sizes == [3000, 1500, 600 * 1024, None]
+    assert bytes(arena) == bytes(plain_arena)
+    assert read[1] == [xxhash.xxh3_64_intdigest(small[1:2499]), None,
+                       xxhash.xxh3_64_intdigest(big[10 * 1024 : -10 * 1024]), None]
+    assert store.stats()["hits"] == 6 and store.stats()["misses"] == 2
+    with pytest.raises(ValueError, match="2 keys but 1 piece lists"):
+        store.get_scattered_xxh3(keys[:2], compiled[:1])
+    store.close()
+
+
+def test_the_compiled_page_loop_is_built_where_a_compiler_is() -> None:
+    """The optional extension builds wherever ``pip install`` found a C compiler: a build
+    that broke would otherwise leave every load on the Python loop, silently."""
+    import shutil
+    import sysconfig
+
+    from radixlink.stores import pagefiles
+
+    if shutil.which(sysconfig.get_config_var("CC").split()[0] or "cc") is None:
+        pytest.skip("no C compiler here: the directory store reads in Python")
+    assert pagefiles.COMPILED is not None, (
+        "radixlink/stores/_pagefiles.c did not build or bind: pip install -e . shows why")
+
+
 def test_get_scattered_over_more_pieces_than_one_readv_takes(tmp_path: Path) -> None:
     """A page read into more pieces than one ``readv`` takes (``IOV_MAX``, 1024 on Linux) is
     read whole, in order; a file shorter than its pieces fills the first of them."""

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import radixlink.stores
+from radixlink.stores import pagefiles
 from radixlink.stores.directory import DirectoryStore
 
 from .conformance import key
@@ -134,10 +135,10 @@ def test_a_directory_under_a_page_name_is_counted_not_raised(tmp_path: Path) -> 
     assert Path(store.path_of(key(0))).is_dir() and Path(store.path_of(key(1))).is_dir()
 
 
-@pytest.mark.parametrize("scattered", [False, True], ids=["get_into", "get_scattered"])
-def test_get_into_applies_every_rule_within_one_batch(tmp_path: Path, scattered: bool) -> None:
+@pytest.mark.parametrize("read", ["get_into", "get_scattered", "get_scattered_xxh3"])
+def test_get_into_applies_every_rule_within_one_batch(tmp_path: Path, read: str) -> None:
     """The read paths loads take (``get_into``; ``get_scattered``, each buffer in three
-    pieces: SGLang's linker into its pools), on one batch mixing every kind of
+    pieces: SGLang's linker into its pools; the compiled loop), on one batch mixing every kind of
     untrusted file with good pages: a huge file, a FIFO, a symlink to an old file outside, a
     directory and a page behind a symlinked shard directory are counted refusals, read
     nothing and touch nothing; a missing page is a plain miss; the good pages around them
@@ -167,7 +168,12 @@ def test_get_into_applies_every_rule_within_one_batch(tmp_path: Path, scattered:
     arena = memoryview(bytearray(64 * len(wanted)))
     buffers = [arena[64 * i : 64 * (i + 1)] for i in range(len(wanted))]
     started = time.monotonic()
-    if scattered:
+    if read == "get_scattered_xxh3":
+        if pagefiles.COMPILED is None:
+            pytest.skip("the compiled page loop is not built here")
+        sizes = fresh.get_scattered_xxh3([key(i) for i in wanted],
+                                         [[b[:3], b[3:10], b[10:]] for b in buffers])[0]
+    elif read == "get_scattered":
         sizes = fresh.get_scattered([key(i) for i in wanted],
                                     [[b[:3], b[3:10], b[10:]] for b in buffers])
     else:
