@@ -102,7 +102,8 @@ def _in_layout(store: Any, keys: list[str], size: int, pieces: int,
     array j (a pool's slots, in order), each page checked as a load checks it: xxh3 over the
     runs one after another, fed run by run as the store reads them where it ``reads_in_parts``
     (``pagefiles.PART_BYTES``), or the seal's tag once it is read (``Sealer.tag`` joins them
-    first)."""
+    first). Unsealed, from a store with ``get_scattered_xxh3`` (the directory's compiled
+    loop), the read is that call, as a load's is."""
     import xxhash
 
     from radixlink.stores.pageformat import HEADER_BYTES
@@ -140,6 +141,8 @@ def _in_layout(store: Any, keys: list[str], size: int, pieces: int,
             h.update(row)
         h.intdigest()
 
+    if sealer is None and store.get_scattered_xxh3(keys[:1], targets[:1]) is not None:
+        return lambda: store.get_scattered_xxh3(keys, targets)
     if sealer is None and store.reads_in_parts:
         return lambda: store.get_scattered(keys, targets, check, part=fed)
     return lambda: store.get_scattered(keys, targets, check)
