@@ -17,7 +17,7 @@ $(VENV)/.torch: | $(PY)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)"
 	touch $@
 
-$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+$(VENV)/.installed: pyproject.toml radixlink/stores/_pagefiles.c $(VENV)/.torch
 	$(PIP) install -q -e '.[$(EXTRAS)]'
 	touch $@
 
