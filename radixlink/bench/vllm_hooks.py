@@ -47,4 +47,3 @@ class TimedRadixlinkConnector(_ForwardMarks, RadixlinkConnector):
 
 class TimedExampleConnector(_ForwardMarks, ExampleConnector):
     pass
-

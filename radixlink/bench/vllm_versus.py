@@ -101,7 +101,11 @@ def run(model: str, tmp: Path, prompts: list[list[list[int]]], new_tokens: int,
                         (first if i == 0 else later)[name].append(result["ttft_s"])
                         if i == 0:
                             starts = [t for t in _forward_starts(hook_logs[name]) if t > sent]
-                            share[name].append(starts[0] - sent if starts else float("nan"))
+                            if not starts:
+                                raise RuntimeError(
+                                    f"no forward marked in {hook_logs[name]} after a request: "
+                                    f"the {name} reader did not load {HOOKS}")
+                            share[name].append(starts[0] - sent)
                         identical[name] += result["output_ids"] == outputs[name][g, i]
             for node in started.values():
                 node.close()  # NOTE: a writer's close flushes its last saves
